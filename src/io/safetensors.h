@@ -1,0 +1,89 @@
+// Safetensors reading (mmap, single file or sharded through
+// model.safetensors.index.json) and writing.
+//
+// Layout: u64 little-endian header length N, N bytes of JSON mapping tensor
+// names to {dtype, shape, data_offsets:[begin,end)} relative to the data
+// buffer that follows, plus an optional "__metadata__" object. The reader
+// validates everything before handing out a view: header bounds, JSON,
+// dtype names, offsets inside the buffer, no overlaps, byte size equal to
+// dtype size x element count, and for sharded checkpoints that every tensor
+// of the index is in its shard and no shard holds tensors outside the index.
+// Errors name the file and the tensor.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace cm {
+
+// A view of one stored tensor; `data` points into a mapping owned by the file.
+struct TensorView {
+  std::string name;
+  std::string file;  // path of the file that holds it (for error messages)
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  size_t nbytes = 0;
+
+  int64_t numel() const;
+  std::string shape_str() const;  // "[2048, 4096]"
+};
+
+// One mmap'd .safetensors file.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);  // throws cm::Error
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const TensorView* find(const std::string& name) const;
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// All tensors of a checkpoint directory (one model.safetensors, an index with
+// shards, or every *.safetensors file when there is no index).
+class TensorStore {
+ public:
+  static TensorStore open_dir(const std::string& dir);  // throws cm::Error
+  static TensorStore open_file(const std::string& path);
+
+  const TensorView* find(const std::string& name) const;
+  const TensorView& get(const std::string& name) const;  // throws naming the tensor
+  const std::map<std::string, const TensorView*>& all() const { return index_; }
+  size_t total_bytes() const;
+
+ private:
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorView*> index_;
+};
+
+// A tensor to write: raw little-endian bytes in C order.
+struct TensorData {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+// Writes a safetensors file (header padded to 8 bytes). Writes to a temporary
+// name and renames, so a failed write never leaves a half-written file.
+void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+TensorData tensor_f32(const std::string& name, std::vector<int64_t> shape, const float* values);
+
+}  // namespace cm
