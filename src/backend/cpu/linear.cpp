@@ -97,14 +97,24 @@ void linear_expand_row(const LinearWeight& w, int64_t n, float* out) {
 }
 
 void linear_cpu(const LinearWeight& w, const float* x, int64_t m, float* y, ActQuant aq) {
-  const int64_t N = w.out_features, K = w.in_features;
-  CM_CHECK(aq == ActQuant::NONE, "linear '{}': activation quantization is not available on this path", w.name);
+  linear_cpu_rows(w, 0, w.out_features, x, m, y, aq);
+}
+
+void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t N, const float* x, int64_t m, float* y,
+                     ActQuant aq) {
+  const int64_t K = w.in_features;
+  CM_CHECK(row0 >= 0 && N >= 0 && row0 + N <= w.out_features, "linear '{}': rows [{}, {}) outside [0, {})", w.name,
+           row0, row0 + N, w.out_features);
+  // Activation quantization only applies to NVFP4 weights; others are weight-only.
+  CM_CHECK(aq == ActQuant::NONE || w.format != WeightFormat::NVFP4,
+           "linear '{}': NVFP4 activation quantization is not available on this path", w.name);
   if (m <= 0 || N <= 0) return;
 #pragma omp parallel
   {
     std::vector<float> row(size_t(K) + 16);
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
+    for (int64_t r = 0; r < N; ++r) {
+      const int64_t n = row0 + r;
       const float* wr;
       if (w.format == WeightFormat::F32) {
         wr = reinterpret_cast<const float*>(w.data) + n * K;
@@ -123,7 +133,7 @@ void linear_cpu(const LinearWeight& w, const float* x, int64_t m, float* y, ActQ
           acc3 += xr[k + 3] * wr[k + 3];
         }
         for (; k < K; ++k) acc0 += xr[k] * wr[k];
-        y[i * N + n] = (acc0 + acc1) + (acc2 + acc3);
+        y[i * N + r] = (acc0 + acc1) + (acc2 + acc3);
       }
     }
   }
