@@ -9,22 +9,13 @@
 
 #include "common/numeric.h"
 #include "quant/codec.h"
+#include "quant_test_util.h"
 
 using namespace cm;
+using qt::ref_e2m1;
+using qt::ref_e4m3;
 
 namespace {
-// Bit-field definitions, written independently of common/numeric.h.
-double ref_e2m1(int c) {
-  int s = (c >> 3) & 1, e = (c >> 1) & 3, m = c & 1;
-  double v = e == 0 ? 0.5 * m : (1.0 + 0.5 * m) * std::pow(2.0, e - 1);
-  return s ? -v : v;
-}
-double ref_e4m3(int c) {  // NaN for 0x7F/0xFF
-  int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
-  if (e == 15 && m == 7) return NAN;
-  double v = e == 0 ? (m / 8.0) * std::pow(2.0, -6) : (1.0 + m / 8.0) * std::pow(2.0, e - 7);
-  return s ? -v : v;
-}
 // Nearest code by exhaustive search; ties go to the code with even mantissa (bit 0 clear).
 template <typename F>
 int ref_nearest(double x, int ncodes, F value) {
