@@ -109,7 +109,9 @@ void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t N, const float
   CM_CHECK(aq == ActQuant::NONE || w.format != WeightFormat::NVFP4,
            "linear '{}': NVFP4 activation quantization is not available on this path", w.name);
   if (m <= 0 || N <= 0) return;
-#pragma omp parallel
+  // Threads only pay off above ~64k multiply-adds; below, fork/join dominates.
+  const bool par = N * K * m >= (int64_t(1) << 16);
+#pragma omp parallel if (par)
   {
     std::vector<float> row(size_t(K) + 16);
 #pragma omp for schedule(static)
