@@ -8,6 +8,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/engine_options.h"
 #include "common/error.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
@@ -15,28 +16,26 @@
 namespace {
 
 struct Opts {
-  std::string model, tokens;
+  cm::cli::EngineOptions eng;
+  std::string tokens;
   int64_t n_predict = 32;
   cm::SamplingParams sp;
-  bool layer_stats = false, ignore_eos = false, derive_input_scale = false;
+  bool ignore_eos = false;
 };
 
 int run(const Opts& o) {
   std::vector<int32_t> prompt = cm::cli::parse_token_list(o.tokens);
   if (o.n_predict < 0) cm::fail("-n must be >= 0 (got {})", o.n_predict);
   cm::Sampler sampler(o.sp);  // validates the sampling flags before the model loads
-  cm::LoadOptions lo;
-  lo.linear.allow_missing_input_scale = o.derive_input_scale;
   auto t0 = std::chrono::steady_clock::now();
-  auto m = cm::model_load(o.model, lo);
+  auto m = cm::cli::load_model(o.eng);
   const cm::Config& c = m->config;
   if (int64_t(prompt.size()) + o.n_predict > c.max_position_embeddings)
     cm::fail("prompt ({} tokens) + -n {} exceeds the model's context of {}", prompt.size(), o.n_predict,
              c.max_position_embeddings);
   cm::State st = cm::state_new(c);
   cm::LayerStatsObserver stats(stderr);
-  cm::ForwardOptions fo;
-  fo.observer = o.layer_stats ? &stats : nullptr;
+  cm::ForwardOptions fo = cm::cli::forward_options(o.eng, &stats);
   auto t1 = std::chrono::steady_clock::now();
   std::vector<float> logits = cm::forward(*m, st, prompt.data(), int64_t(prompt.size()), fo);
   auto t2 = std::chrono::steady_clock::now();
@@ -56,6 +55,7 @@ int run(const Opts& o) {
     if (produced + 1 < o.n_predict) logits = cm::forward(*m, st, &id, 1, fo);
   }
   std::printf("\n");
+  std::fflush(stdout);
   auto t3 = std::chrono::steady_clock::now();
   auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   std::fprintf(stderr, "load %.2f s | prompt %zu tokens %.1f tok/s | generated %lld tokens %.1f tok/s\n", sec(t0, t1),
@@ -67,7 +67,7 @@ int run(const Opts& o) {
 cm::cli::CommandRegistrar reg({"generate", "Generate token ids from a prompt of token ids",
                                [](CLI::App& app) -> cm::cli::CommandRun {
                                  auto o = std::make_shared<Opts>();
-                                 app.add_option("-m,--model", o->model, "Checkpoint directory")->required();
+                                 cm::cli::add_engine_options(app, o->eng);
                                  app.add_option("--tokens", o->tokens, "Prompt as comma-separated token ids")
                                      ->required();
                                  app.add_option("-n,--n-predict", o->n_predict, "Tokens to generate (32)");
@@ -80,10 +80,6 @@ cm::cli::CommandRegistrar reg({"generate", "Generate token ids from a prompt of 
                                  app.add_option("--frequency-penalty", o->sp.frequency_penalty, "Frequency penalty");
                                  app.add_option("-s,--seed", o->sp.seed, "Random seed");
                                  app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at EOS");
-                                 app.add_flag("--layer-stats", o->layer_stats,
-                                              "Print per-layer amax/mean/NaN/Inf statistics (stderr)");
-                                 app.add_flag("--derive-input-scale", o->derive_input_scale,
-                                              "NVFP4: derive a missing per-expert input_scale instead of failing");
                                  return [o] { return run(*o); };
                                }});
 
