@@ -9,23 +9,16 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "test_util.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 
 namespace fs = std::filesystem;
 using namespace cm;
+using cm::test::error_of;
 using json = nlohmann::json;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 const std::string kFixture = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_hca_window";
 
