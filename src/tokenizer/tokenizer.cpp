@@ -124,6 +124,12 @@ struct Tokenizer::Impl {
   void split_added(const Trie& trie, std::string_view s, const Segment& seg, bool parse_special,
                    std::vector<Segment>& out) const;
   void encode_text(std::string_view s, std::vector<int32_t>& out) const;
+  // The character at s[i] is a word character (invalid UTF-8 there is not). The regex only ever
+  // sees that one valid character, since PCRE2 must not be given invalid UTF-8.
+  bool is_word_char(std::string_view s, size_t i) const {
+    size_t n = utf8::valid_seq_len(s, i);
+    return n > 0 && word_char->matches_at(s.substr(i, n), 0);
+  }
   void check_id(int32_t id) const {
     CM_CHECK(id >= 0 && static_cast<size_t>(id) < assigned.size() && assigned[id],
              "token id {} is not in the vocabulary", id);
@@ -160,9 +166,8 @@ void Tokenizer::Impl::split_added(const Trie& trie, std::string_view s, const Se
       size_t before = start;
       while (before > 0 && (static_cast<unsigned char>(sent[before - 1]) & 0xC0) == 0x80) --before;
       if (before > 0) --before;
-      bool word_before = start > 0 && word_char->matches_at(sent.substr(0, start), before);
-      bool word_after = stop < sent.size() && word_char->matches_at(sent, stop);
-      if (word_before || word_after) continue;
+      if ((start > 0 && is_word_char(sent, before)) || (stop < sent.size() && is_word_char(sent, stop)))
+        continue;
     }
     if (t.lstrip) {
       while (start > prev_end) {
@@ -299,7 +304,10 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
       impl->added_by_content.emplace(t.content, t.id);
       (t.normalized ? impl->trie_norm : impl->trie_raw).add(t.content, static_cast<int32_t>(i));
     }
-    impl->word_char = std::make_unique<tok::Regex>(R"(\w)");
+    // single_word's "word character" is Rust regex's \w (HF matches with it): Alphabetic, marks,
+    // decimal digits, connector punctuation, ZWNJ/ZWJ. (PCRE2's \w differs on marks and No.)
+    impl->word_char =
+        std::make_unique<tok::Regex>(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])");
 
     // BOS/EOS: tokenizer_config.json first, then the TemplateProcessing post-processor.
     Tokenizer tk(std::move(impl));
