@@ -9,6 +9,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "io/safetensors.h"
 
 namespace {
@@ -99,4 +102,21 @@ TEST(Cli, ErrorsExitOneWithOneLine) {
   Result r = run("logits -m /nonexistent --tokens 1 -o /dev/null");
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+}
+
+// Perplexity through tokenizer + model equals transformers' on the same text
+// and protocol (tools/make_golden.py, fixture hf_text).
+TEST(Cli, PerplexityMatchesTransformers) {
+  const std::string dir = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_text";
+  auto expected = nlohmann::json::parse(std::ifstream(dir + "/expected.json"));
+  Result r = run("perplexity -m " + dir + " -f " + dir + "/text.txt --ctx 32");
+  ASSERT_EQ(r.code, 0) << r.err;
+  double ppl = 0;
+  long long scored = 0;
+  ASSERT_EQ(std::sscanf(r.out.c_str(), "perplexity: %lf (%lld tokens scored", &ppl, &scored), 2) << r.out;
+  EXPECT_EQ(scored, expected["tokens_scored"].get<long long>());
+  EXPECT_NEAR(ppl / expected["perplexity"].get<double>(), 1.0, 1e-4) << r.out;
+  EXPECT_NE(r.err.find("[4/4]"), std::string::npos) << r.err;
+  Result bad = run("perplexity -m " + dir + " -f " + dir + "/text.txt --ctx 100000");
+  EXPECT_EQ(bad.code, 1);
 }

@@ -72,7 +72,7 @@ TEST_P(GoldenTest, MatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
-                         ::testing::Values("hf_mixed_yarn", "release_real_ratios", "hf_hca_window"));
+                         ::testing::Values("hf_mixed_yarn", "release_real_ratios", "hf_hca_window", "hf_text"));
 
 // Irregular chunk sizes, state reuse after reset, and last-token-only logits
 // all give the same numbers as one prefill.
