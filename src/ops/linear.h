@@ -60,6 +60,11 @@ enum class ActQuant : uint8_t { NONE, NVFP4 };
 // y[M, N] = x[M, K] * W^T in fp32, parallel over output rows (OpenMP).
 void linear_cpu(const LinearWeight& w, const float* x, int64_t m, float* y, ActQuant aq = ActQuant::NONE);
 
+// Rows [row0, row0+rows) of W only: y[M, rows] = x[M, K] · W[row0:row0+rows]ᵀ
+// (the grouped output projection uses one row block per group).
+void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t rows, const float* x, int64_t m, float* y,
+                     ActQuant aq = ActQuant::NONE);
+
 // Builds an owned F32 weight (tests, generated models).
 LinearWeight linear_from_f32(std::string name, int64_t n, int64_t k, const float* values);
 

@@ -125,7 +125,14 @@ static std::vector<float> nvfp4_quantized_activations(const LinearWeight& w, con
 }
 
 void linear_cpu(const LinearWeight& w, const float* x, int64_t m, float* y, ActQuant aq) {
-  const int64_t N = w.out_features, K = w.in_features;
+  linear_cpu_rows(w, 0, w.out_features, x, m, y, aq);
+}
+
+void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t N, const float* x, int64_t m, float* y,
+                     ActQuant aq) {
+  const int64_t K = w.in_features;
+  CM_CHECK(row0 >= 0 && N >= 0 && row0 + N <= w.out_features, "linear '{}': rows [{}, {}) outside [0, {})", w.name,
+           row0, row0 + N, w.out_features);
   if (m <= 0 || N <= 0) return;
   // Weight-only formats ignore the activation mode (there is no W4A4 kernel for them).
   const bool w4a4 = aq == ActQuant::NVFP4 && w.format == WeightFormat::NVFP4;
@@ -140,7 +147,8 @@ void linear_cpu(const LinearWeight& w, const float* x, int64_t m, float* y, ActQ
   {
     std::vector<float> row(size_t(K) + 16);
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
+    for (int64_t r = 0; r < N; ++r) {
+      const int64_t n = row0 + r;
       const float* wr;
       if (w.format == WeightFormat::F32) {
         wr = reinterpret_cast<const float*>(w.data) + n * K;
@@ -161,7 +169,7 @@ void linear_cpu(const LinearWeight& w, const float* x, int64_t m, float* y, ActQ
         }
         for (; k < K; ++k) acc0 += xr[k] * wr[k];
         float acc = (acc0 + acc1) + (acc2 + acc3);
-        y[i * N + n] = w4a4 ? acc * out_mul : acc;
+        y[i * N + r] = w4a4 ? acc * out_mul : acc;
       }
     }
   }

@@ -1,0 +1,213 @@
+// Loading DeepSeek-V4 weights from a TensorStore in either key spelling.
+// The release spelling (no prefix) is the canonical one used in code; the
+// transformers spelling is derived from it by weight_key(). A checkpoint that
+// mixes spellings, lacks a tensor, or stores one with the wrong shape is
+// rejected with the tensor's name and the expected shape.
+#include "model/weights.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/numeric.h"
+
+namespace cm {
+
+std::string weight_key(const std::string& n, const std::string& spelling) {
+  if (spelling == "release") return n;
+  // One explicit table for the names that differ beyond the "model." prefix.
+  static const std::pair<const char*, const char*> kTable[] = {
+      {"embed.weight", "model.embed_tokens.weight"},
+      {"head.weight", "head.weight"},
+      {"norm.weight", "model.norm.weight"},
+      {"hc_head_fn", "model.hc_head.hc_fn"},
+      {"hc_head_base", "model.hc_head.hc_base"},
+      {"hc_head_scale", "model.hc_head.hc_scale"},
+  };
+  for (auto& [rel, hf] : kTable)
+    if (n == rel) return hf;
+  static const std::string kKvNorm = ".attn.kv_norm.weight";
+  if (n.size() > kKvNorm.size() && n.compare(n.size() - kKvNorm.size(), kKvNorm.size(), kKvNorm) == 0)
+    return "model." + n.substr(0, n.size() - kKvNorm.size()) + ".attn.norm.weight";
+  return "model." + n;
+}
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+struct Loader {
+  const TensorStore& store;
+  const Config& cfg;
+  const LoadOptions& opt;
+  std::string spelling;
+
+  std::string key(const std::string& n) const { return weight_key(n, spelling); }
+
+  const TensorView& tensor(const std::string& n, const std::vector<int64_t>& shape) const {
+    std::string k = key(n);
+    const TensorView* t = store.find(k);
+    if (!t) fail("missing tensor '{}' (expected shape {})", k, shape_str(shape));
+    // A scalar stored as [] or [1] are the same thing.
+    bool ok = t->shape == shape || (shape.size() == 1 && shape[0] == 1 && t->shape.empty());
+    if (!ok) fail("tensor '{}' has shape {}, expected {}", k, t->shape_str(), shape_str(shape));
+    return *t;
+  }
+
+  std::vector<float> floats(const std::string& n, const std::vector<int64_t>& shape) const {
+    const TensorView& t = tensor(n, shape);
+    std::vector<float> v(size_t(t.numel()));
+    for (size_t i = 0; i < v.size(); ++i) {
+      switch (t.dtype) {
+        case DType::F32: std::memcpy(&v[i], t.data + 4 * i, 4); break;
+        case DType::BF16: v[i] = bf16_to_f32(uint16_t(t.data[2 * i] | (t.data[2 * i + 1] << 8))); break;
+        case DType::F16: v[i] = f16_to_f32(uint16_t(t.data[2 * i] | (t.data[2 * i + 1] << 8))); break;
+        default: fail("tensor '{}' has dtype {}, expected F32, BF16 or F16", t.name, dtype_name(t.dtype));
+      }
+      if (!std::isfinite(v[i])) fail("tensor '{}' holds a non-finite value at index {}", t.name, i);
+    }
+    return v;
+  }
+
+  LinearWeight linear(const std::string& n, int64_t rows, int64_t cols) const {
+    std::string k = key(n + ".weight");
+    return load_linear(store, k.substr(0, k.size() - 7), rows, cols, opt.linear);
+  }
+
+  HcWeights hc_weights(const std::string& p, int64_t rows) const {
+    const int64_t D = cfg.hidden_size, hc = cfg.hc_mult;
+    HcWeights w;
+    w.fn = floats(p + "_fn", {rows, hc * D});
+    w.base = floats(p + "_base", {rows});
+    w.scale = floats(p + "_scale", {rows == hc ? 1 : 3});
+    return w;
+  }
+
+  CompressorWeights compressor(const std::string& p, int64_t m, int64_t c, int64_t dc) const {
+    CompressorWeights w;
+    w.wkv = linear(p + ".wkv", c * dc, cfg.hidden_size);
+    w.wgate = linear(p + ".wgate", c * dc, cfg.hidden_size);
+    w.ape = floats(p + ".ape", {m, c * dc});
+    w.norm = floats(p + ".norm.weight", {dc});
+    return w;
+  }
+
+  ExpertWeights expert(const std::string& p) const {
+    ExpertWeights e;
+    e.w1 = linear(p + ".w1", cfg.moe_inter, cfg.hidden_size);
+    e.w2 = linear(p + ".w2", cfg.hidden_size, cfg.moe_inter);
+    e.w3 = linear(p + ".w3", cfg.moe_inter, cfg.hidden_size);
+    return e;
+  }
+
+  std::vector<int32_t> tid2eid(const std::string& n) const {
+    const TensorView& t = tensor(n, {cfg.vocab_size, cfg.n_experts_per_tok});
+    std::vector<int32_t> v(size_t(t.numel()));
+    for (size_t i = 0; i < v.size(); ++i) {
+      int64_t x;
+      if (t.dtype == DType::I64) std::memcpy(&x, t.data + 8 * i, 8);
+      else if (t.dtype == DType::I32) {
+        int32_t y;
+        std::memcpy(&y, t.data + 4 * i, 4);
+        x = y;
+      } else fail("tensor '{}' has dtype {}, expected I64 or I32", t.name, dtype_name(t.dtype));
+      if (x < 0 || x >= cfg.n_routed_experts)
+        fail("tensor '{}': token {} routes to expert {}, outside [0, {})", t.name, int64_t(i) / cfg.n_experts_per_tok,
+             x, cfg.n_routed_experts);
+      v[i] = int32_t(x);
+    }
+    return v;
+  }
+
+  LayerWeights layer(int64_t L) const {
+    const Config& c = cfg;
+    const int64_t D = c.hidden_size, hd = c.head_dim, H = c.num_heads, hc = c.hc_mult;
+    const std::string p = "layers." + std::to_string(L);
+    LayerWeights w;
+    w.hc_attn = hc_weights(p + ".hc_attn", (2 + hc) * hc);
+    w.hc_ffn = hc_weights(p + ".hc_ffn", (2 + hc) * hc);
+    w.attn_norm = floats(p + ".attn_norm.weight", {D});
+    w.ffn_norm = floats(p + ".ffn_norm.weight", {D});
+    w.wq_a = linear(p + ".attn.wq_a", c.q_lora_rank, D);
+    w.q_norm = floats(p + ".attn.q_norm.weight", {c.q_lora_rank});
+    w.wq_b = linear(p + ".attn.wq_b", H * hd, c.q_lora_rank);
+    w.wkv = linear(p + ".attn.wkv", hd, D);
+    w.kv_norm = floats(p + ".attn.kv_norm.weight", {hd});
+    w.wo_a = linear(p + ".attn.wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups);
+    w.wo_b = linear(p + ".attn.wo_b", D, c.o_groups * c.o_lora_rank);
+    w.sinks = floats(p + ".attn.attn_sink", {H});
+    AttnKind kind = c.attn_kinds[size_t(L)];
+    if (kind != AttnKind::SLIDING) {
+      const int64_t m = c.ratio(L), cc = kind == AttnKind::CSA ? 2 : 1;
+      w.compressor = std::make_unique<CompressorWeights>(compressor(p + ".attn.compressor", m, cc, hd));
+    }
+    if (kind == AttnKind::CSA) {
+      auto ix = std::make_unique<IndexerWeights>();
+      ix->wq_b = linear(p + ".attn.indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
+      ix->weights_proj = linear(p + ".attn.indexer.weights_proj", c.index_n_heads, D);
+      ix->comp = compressor(p + ".attn.indexer.compressor", c.csa_ratio, 2, c.index_head_dim);
+      w.indexer = std::move(ix);
+    }
+    w.gate = linear(p + ".ffn.gate", c.n_routed_experts, D);
+    if (c.moe_kinds[size_t(L)] == MoeKind::HASH) w.tid2eid = tid2eid(p + ".ffn.gate.tid2eid");
+    else w.gate_bias = floats(p + ".ffn.gate.bias", {c.n_routed_experts});
+    w.experts.reserve(size_t(c.n_routed_experts));
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) w.experts.push_back(expert(p + ".ffn.experts." + std::to_string(e)));
+    w.has_shared = c.n_shared_experts > 0;
+    if (w.has_shared) w.shared = expert(p + ".ffn.shared_experts");
+    return w;
+  }
+};
+
+LinearWeight linear_view(const LinearWeight& w) {
+  LinearWeight v;
+  v.name = w.name;
+  v.format = w.format;
+  v.out_features = w.out_features;
+  v.in_features = w.in_features;
+  v.data = w.data;
+  v.scale = w.scale;
+  v.scale_dtype = w.scale_dtype;
+  v.scale_rows = w.scale_rows;
+  v.scale_cols = w.scale_cols;
+  v.scale_2 = w.scale_2;
+  v.input_scale = w.input_scale;
+  return v;
+}
+
+}  // namespace
+
+Weights weights_load(const TensorStore& store, const Config& cfg, const LoadOptions& opt) {
+  std::string spelling;
+  const bool rel = store.find("embed.weight") != nullptr, hf = store.find("model.embed_tokens.weight") != nullptr;
+  if (rel && hf) fail("checkpoint mixes key spellings: both 'embed.weight' and 'model.embed_tokens.weight' exist");
+  if (!rel && !hf) fail("missing tensor 'embed.weight' (or 'model.embed_tokens.weight' in transformers spelling)");
+  spelling = rel ? "release" : "transformers";
+  for (auto& [name, t] : store.all()) {
+    (void)t;
+    bool hf_name = name.rfind("model.", 0) == 0;
+    bool rel_name = name.rfind("layers.", 0) == 0 || name == "norm.weight" || name.rfind("hc_head_", 0) == 0;
+    if ((spelling == "release" && hf_name) || (spelling == "transformers" && rel_name))
+      fail("checkpoint mixes key spellings: '{}' does not use the {} spelling of the rest", name, spelling);
+  }
+  Loader ld{store, cfg, opt, spelling};
+  const int64_t D = cfg.hidden_size, hc = cfg.hc_mult;
+  Weights w;
+  w.spelling = spelling;
+  w.embed = ld.linear("embed", cfg.vocab_size, D);
+  if (cfg.tie_word_embeddings && !store.find(ld.key("head.weight"))) w.head = linear_view(w.embed);
+  else w.head = ld.linear("head", cfg.vocab_size, D);
+  w.norm = ld.floats("norm.weight", {D});
+  w.hc_head_fn = ld.floats("hc_head_fn", {hc, hc * D});
+  w.hc_head_base = ld.floats("hc_head_base", {hc});
+  w.hc_head_scale = ld.floats("hc_head_scale", {1});
+  w.layers.reserve(size_t(cfg.num_layers));
+  for (int64_t L = 0; L < cfg.num_layers; ++L) w.layers.push_back(ld.layer(L));
+  return w;
+}
+
+}  // namespace cm

@@ -1,0 +1,93 @@
+// DeepSeek-V4 weights: plain data. Linear layers are LinearWeight (stored
+// format, usually views into the mmap'd checkpoint); small parameters (norms,
+// mHC, sinks, biases, position biases) are expanded to fp32 vectors at load.
+// Shapes use D = hidden, H = heads, hd = head_dim, E = routed experts,
+// I = moe_intermediate, hc = hc_mult, m = compression ratio, ihd/inh =
+// indexer head dim/heads, G = o_groups, ol = o_lora_rank, ql = q_lora_rank.
+// Names in comments are the release spelling (spec §10); the loader maps them
+// to the transformers spelling with one explicit table (weights.cpp).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "ops/linear.h"
+#include "quant/load_linear.h"
+
+namespace cm {
+
+struct HcWeights {
+  std::vector<float> fn;     // hc_*_fn     [(2+hc)·hc, hc·D]
+  std::vector<float> base;   // hc_*_base   [(2+hc)·hc]
+  std::vector<float> scale;  // hc_*_scale  [3]
+};
+
+struct CompressorWeights {
+  LinearWeight wkv;          // compressor.wkv    [c·dc, D]   (c = 2 for CSA, 1 for HCA)
+  LinearWeight wgate;        // compressor.wgate  [c·dc, D]
+  std::vector<float> ape;    // compressor.ape    [m, c·dc]
+  std::vector<float> norm;   // compressor.norm   [dc]
+};
+
+struct IndexerWeights {
+  LinearWeight wq_b;          // indexer.wq_b          [inh·ihd, ql]
+  LinearWeight weights_proj;  // indexer.weights_proj  [inh, D]
+  CompressorWeights comp;     // indexer.compressor.*  (dc = ihd, c = 2)
+};
+
+struct ExpertWeights {
+  LinearWeight w1;  // gate  [I, D]
+  LinearWeight w2;  // down  [D, I]
+  LinearWeight w3;  // up    [I, D]
+};
+
+struct LayerWeights {
+  HcWeights hc_attn, hc_ffn;
+  std::vector<float> attn_norm;  // attn_norm.weight  [D]
+  std::vector<float> ffn_norm;   // ffn_norm.weight   [D]
+  // attention
+  LinearWeight wq_a;             // attn.wq_a     [ql, D]
+  std::vector<float> q_norm;     // attn.q_norm   [ql]
+  LinearWeight wq_b;             // attn.wq_b     [H·hd, ql]
+  LinearWeight wkv;              // attn.wkv      [hd, D]
+  std::vector<float> kv_norm;    // attn.kv_norm  [hd]   (transformers-saved: attn.norm)
+  LinearWeight wo_a;             // attn.wo_a     [G·ol, H·hd/G]
+  LinearWeight wo_b;             // attn.wo_b     [D, G·ol]
+  std::vector<float> sinks;      // attn.attn_sink [H]
+  std::unique_ptr<CompressorWeights> compressor;  // CSA/HCA layers only
+  std::unique_ptr<IndexerWeights> indexer;        // CSA layers only
+  // MoE
+  LinearWeight gate;                 // ffn.gate.weight [E, D]
+  std::vector<float> gate_bias;      // ffn.gate.bias   [E]      (score-routed layers)
+  std::vector<int32_t> tid2eid;      // ffn.gate.tid2eid [vocab, k] (hash-routed layers)
+  std::vector<ExpertWeights> experts;  // ffn.experts.{e}  E of them
+  ExpertWeights shared;                // ffn.shared_experts
+  bool has_shared = false;
+};
+
+struct Weights {
+  LinearWeight embed;             // embed.weight [vocab, D]  (rows expanded on lookup)
+  LinearWeight head;              // head.weight  [vocab, D]
+  std::vector<float> norm;        // norm.weight  [D]
+  std::vector<float> hc_head_fn;  // hc_head_fn   [hc, hc·D]
+  std::vector<float> hc_head_base;   // hc_head_base  [hc]
+  std::vector<float> hc_head_scale;  // hc_head_scale [1]
+  std::vector<LayerWeights> layers;
+  std::string spelling;  // "release" or "transformers" (key spelling of the checkpoint)
+};
+
+struct LoadOptions {
+  LinearLoadOptions linear;
+};
+
+// Loads and validates every tensor; errors name the tensor and expected shape.
+Weights weights_load(const TensorStore& store, const Config& cfg, const LoadOptions& opt = {});
+
+// The checkpoint key of a release-spelled name in the given key spelling
+// (one explicit table, spec §15.5).
+std::string weight_key(const std::string& release_name, const std::string& spelling);
+
+}  // namespace cm

@@ -1,0 +1,17 @@
+// KV compression (spec §5.5) and the lightning indexer's top-k (§5.7).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace cm {
+
+// Channel-wise softmax pooling: out[c] = Σ_s softmax_s(gate[s, c]) · kv[s, c]
+// over `slots` rows of `dim` channels. A gate of −inf gives its slot weight 0
+// (CSA's missing previous block).
+void compress_pool_cpu(const float* kv, const float* gate, int64_t slots, int64_t dim, float* out);
+
+// Indices of the k largest scores[0:n], in descending score order; equal
+// scores are taken lower index first (spec §15.3). k is clamped to n.
+std::vector<int32_t> topk_lower_index_first(const float* scores, int64_t n, int64_t k);
+
+}  // namespace cm

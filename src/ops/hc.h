@@ -1,0 +1,41 @@
+// Manifold-constrained hyper-connections (mHC), spec §4. The residual stream
+// of a token is `hc` parallel streams of D values, X [hc, D] (stream-major).
+//
+//  hc_pre:  mixes = (X_flat · fnᵀ) / rms(X_flat); pre = σ(.)+eps, post = 2σ(.),
+//           comb = Sinkhorn(softmax rows of the hc×hc logits) — 1 softmax, then
+//           column/row normalisations (iters total column passes, iters−1 row
+//           passes); returns collapsed a = Σ_k pre_k X_k.
+//  hc_post: X'_k = post_k · out + Σ_j comb[j][k] · X_j   (note the transpose).
+//  hc_head: pre = σ(mixes·scale + base) + eps; y = Σ_k pre_k X_k.
+#pragma once
+#include <cstdint>
+
+namespace cm {
+
+struct HcParams {
+  const float* fn = nullptr;    // [(2+hc)·hc, hc·D]
+  const float* base = nullptr;  // [(2+hc)·hc]
+  const float* scale = nullptr; // [3]
+  int64_t hc = 0, dim = 0;
+  int64_t sinkhorn_iters = 0;
+  float hc_eps = 0, norm_eps = 0;
+};
+
+// Per token t of T: X [T, hc, D] -> collapsed [T, D], post [T, hc], comb [T, hc, hc].
+void hc_pre_cpu(const HcParams& p, const float* x, int64_t tokens, float* collapsed, float* post, float* comb);
+// In place on X [T, hc, D] with out [T, D].
+void hc_post_cpu(int64_t hc, int64_t dim, const float* out, const float* post, const float* comb, int64_t tokens,
+                 float* x);
+// Sinkhorn normalisation of one hc×hc logits matrix (row-major, j = row), in place.
+void hc_sinkhorn(float* c, int64_t hc, int64_t iters, float eps);
+
+struct HcHeadParams {
+  const float* fn = nullptr;     // [hc, hc·D]
+  const float* base = nullptr;   // [hc]
+  const float* scale = nullptr;  // [1]
+  int64_t hc = 0, dim = 0;
+  float hc_eps = 0, norm_eps = 0;
+};
+void hc_head_cpu(const HcHeadParams& p, const float* x, int64_t tokens, float* y);
+
+}  // namespace cm
