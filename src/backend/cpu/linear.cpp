@@ -134,6 +134,7 @@ void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t N, const float
   CM_CHECK(row0 >= 0 && N >= 0 && row0 + N <= w.out_features, "linear '{}': rows [{}, {}) outside [0, {})", w.name,
            row0, row0 + N, w.out_features);
   if (m <= 0 || N <= 0) return;
+  if (w.input_observer) w.input_observer->observe_input(w, x, m);
   // Weight-only formats ignore the activation mode (there is no W4A4 kernel for them).
   const bool w4a4 = aq == ActQuant::NVFP4 && w.format == WeightFormat::NVFP4;
   std::vector<float> xq;
