@@ -87,6 +87,8 @@ std::vector<std::string> check_quant_config(const nlohmann::json& qcfg, const Te
     std::string algo = qcfg.value("quant_algo", "");
     std::string moe_algo = qcfg.value("moe_quant_algo", "");
     if (method == "modelopt") {
+      // Modules a ModelOpt export keeps in DeepSeek's FP8 blocks carry the release fields.
+      fp8 = qcfg.contains("weight_block_size");
       if (algo == "NVFP4") nv = Nv::ALL;
       else if (algo == "MIXED_PRECISION" && moe_algo == "NVFP4") nv = Nv::MOE, fp8 = true;
       else out.push_back(fmt::format("config.json: quantization_config quant_method 'modelopt' with quant_algo '{}' is not supported (NVFP4 or MIXED_PRECISION with moe_quant_algo NVFP4)", algo));
@@ -100,11 +102,11 @@ std::vector<std::string> check_quant_config(const nlohmann::json& qcfg, const Te
       } else if (!algo.empty()) {
         out.push_back(fmt::format("config.json: quantization_config quant_algo '{}' is not supported", algo));
       }
-      if (qcfg.contains("weight_block_size") && qcfg["weight_block_size"] != nlohmann::json::array({128, 128}))
-        out.push_back(fmt::format("config.json: quantization_config weight_block_size {} is not supported (only [128, 128])", qcfg["weight_block_size"].dump()));
     } else {
       out.push_back(fmt::format("config.json: quantization_config quant_method '{}' is not supported (modelopt or fp8)", method));
     }
+    if (qcfg.contains("weight_block_size") && qcfg["weight_block_size"] != nlohmann::json::array({128, 128}))
+      out.push_back(fmt::format("config.json: quantization_config weight_block_size {} is not supported (only [128, 128])", qcfg["weight_block_size"].dump()));
     if (nv != Nv::NONE && qcfg.contains("group_size") && qcfg["group_size"] != 16)
       out.push_back(fmt::format("config.json: quantization_config group_size {} is not supported for NVFP4 (16)", qcfg["group_size"].dump()));
     for (const char* key : {"ignore", "exclude_modules"}) {
