@@ -131,3 +131,27 @@ TEST(QuantActQuant, WeightOnlyFormatsIgnoreIt) {
   linear_cpu(w, x.data(), 2, b.data(), ActQuant::NVFP4);
   EXPECT_EQ(a, b);
 }
+
+// The grouped output projection calls linear_cpu_rows on a row block: same
+// values as the matching rows of the full call, W4A4 included.
+TEST(QuantActQuant, RowBlockMatchesFullCall) {
+  const int64_t M = 2, N = 6, K = 32;
+  std::vector<uint8_t> q(size_t(N * K / 2)), s(size_t(N * K / 16));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = uint8_t(i * 37 + 11);
+  for (size_t i = 0; i < s.size(); ++i) s[i] = uint8_t(0x30 + i);
+  std::vector<float> x(size_t(M * K));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i)) * 3.0f;
+  std::string d = tmpdir("rows");
+  write_safetensors(d + "/model.safetensors",
+                    {raw("r.weight", DType::U8, {N, K / 2}, q), raw("r.weight_scale", DType::F8_E4M3, {N, K / 16}, s),
+                     scalar("r.weight_scale_2", 0.5f), scalar("r.input_scale", 0.01f)});
+  TensorStore st = TensorStore::open_dir(d);
+  LinearWeight w = load_linear(st, "r", N, K);
+  for (ActQuant aq : {ActQuant::NONE, ActQuant::NVFP4}) {
+    std::vector<float> full(size_t(M * N)), part(size_t(M * 3));
+    linear_cpu(w, x.data(), M, full.data(), aq);
+    linear_cpu_rows(w, 2, 3, x.data(), M, part.data(), aq);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t r = 0; r < 3; ++r) EXPECT_EQ(part[size_t(m * 3 + r)], full[size_t(m * N + 2 + r)]);
+  }
+}

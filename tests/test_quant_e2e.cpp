@@ -373,3 +373,34 @@ TEST(QuantE2E, InspectReport) {
   cmd = std::string(CLAWMINE_BINARY) + " inspect " + dir + " --json > /dev/null";
   EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 0);
 }
+
+// The CLI: a calibrated run reports its scales; text calibration files and an
+// existing output are refused with exit 1 and a message naming the problem.
+TEST(QuantE2E, QuantizeCli) {
+  const std::string d = tmpdir("qcli");
+  const std::string src = kData + "/golden_quant_release";
+  Expected e = read_expected(src);
+  {
+    std::ofstream ids(d + "/ids.txt");
+    for (size_t i = 0; i < 60; ++i) ids << e.tokens[i] << (i % 20 == 19 ? "\n" : ",");
+    std::ofstream(d + "/text.txt") << "Hello world\n";
+  }
+  auto run = [&](const std::string& args, std::string* err) {
+    std::string cmd = std::string(CLAWMINE_BINARY) + " quantize " + args + " 2> " + d + "/err.txt";
+    int rc = WEXITSTATUS(std::system(cmd.c_str()));
+    std::ifstream f(d + "/err.txt");
+    err->assign(std::istreambuf_iterator<char>(f), {});
+    return rc;
+  };
+  std::string err;
+  EXPECT_EQ(run("--in " + src + " --out " + d + "/out --calib " + d + "/ids.txt --calib-seq-len 16", &err), 0) << err;
+  EXPECT_NE(err.find("calibrate: 60/60 tokens"), std::string::npos) << err;
+  EXPECT_NE(err.find("0 default"), std::string::npos) << err;
+  EXPECT_TRUE(fs::exists(d + "/out/model.safetensors.index.json"));
+  EXPECT_EQ(run("--in " + src + " --out " + d + "/out", &err), 1);
+  EXPECT_NE(err.find("exists and is not empty"), std::string::npos) << err;
+  EXPECT_EQ(run("--in " + src + " --out " + d + "/out2 --calib " + d + "/text.txt", &err), 1);
+  EXPECT_NE(err.find("'Hello' is not a token id"), std::string::npos) << err;
+  EXPECT_EQ(run("--in " + src + " --out " + d + "/out3 --default-input-amax 0", &err), 1);
+  EXPECT_NE(err.find("--default-input-amax"), std::string::npos) << err;
+}
