@@ -24,6 +24,16 @@ enum class WeightFormat : uint8_t {
 };
 const char* weight_format_name(WeightFormat f);
 
+struct LinearWeight;
+
+// Sees the fp32 input x[m, K] of every CPU linear call on a weight that points
+// to it (calibration records activation amax per linear). May be called from
+// several threads at once; implementations synchronise themselves.
+struct LinearInputObserver {
+  virtual ~LinearInputObserver() = default;
+  virtual void observe_input(const LinearWeight& w, const float* x, int64_t m) = 0;
+};
+
 // One linear weight, in its stored form. Non-owning views into the checkpoint
 // unless `owned` holds the bytes (repacked or generated weights).
 struct LinearWeight {
@@ -39,6 +49,7 @@ struct LinearWeight {
   float input_scale = 0.0f;  // NVFP4 calibrated activation scale (0 = absent)
   std::vector<uint8_t> owned;
   std::vector<uint8_t> owned_scale;
+  LinearInputObserver* input_observer = nullptr;  // calibration hook, off by default
 
   LinearWeight() = default;
   LinearWeight(LinearWeight&&) = default;  // vector moves keep their buffers, so data stays valid

@@ -57,7 +57,7 @@ void scan_e4m3(const TensorView* t, bool reject_negative, std::vector<std::strin
   int64_t nan = 0, neg = 0, first = -1;
   for (size_t i = 0; i < t->nbytes; ++i) {
     uint8_t b = t->data[i];
-    bool bad_nan = e4m3_is_nan(b), bad_neg = reject_negative && (b & 0x80) && (b & 0x7f);
+    bool bad_nan = e4m3_is_nan(b), bad_neg = reject_negative && !bad_nan && (b & 0x80) && (b & 0x7f);
     nan += bad_nan;
     neg += bad_neg;
     if ((bad_nan || bad_neg) && first < 0) first = int64_t(i);

@@ -44,10 +44,15 @@ std::set<std::string> linear_prefixes(const TensorStore& store, std::vector<std:
 
 std::vector<std::string> validate_checkpoint(const TensorStore& store, const LinearLoadOptions& opt) {
   std::vector<std::string> out;
-  for (const std::string& prefix : linear_prefixes(store, out)) {
-    std::vector<std::string> p = linear_problems(store, prefix, -1, -1, opt, true);
-    out.insert(out.end(), p.begin(), p.end());
-  }
+  std::set<std::string> set = linear_prefixes(store, out);
+  const std::vector<std::string> prefixes(set.begin(), set.end());
+  // The scans read every scale byte (and FP8 weight byte) of the checkpoint:
+  // spread the linears over threads, report in name order.
+  std::vector<std::vector<std::string>> found(prefixes.size());
+#pragma omp parallel for schedule(dynamic, 8)
+  for (int64_t i = 0; i < int64_t(prefixes.size()); ++i)
+    found[size_t(i)] = linear_problems(store, prefixes[size_t(i)], -1, -1, opt, true);
+  for (const auto& f : found) out.insert(out.end(), f.begin(), f.end());
   return out;
 }
 
@@ -87,6 +92,8 @@ std::vector<std::string> check_quant_config(const nlohmann::json& qcfg, const Te
     std::string algo = qcfg.value("quant_algo", "");
     std::string moe_algo = qcfg.value("moe_quant_algo", "");
     if (method == "modelopt") {
+      // Modules a ModelOpt export keeps in DeepSeek's FP8 blocks carry the release fields.
+      fp8 = qcfg.contains("weight_block_size");
       if (algo == "NVFP4") nv = Nv::ALL;
       else if (algo == "MIXED_PRECISION" && moe_algo == "NVFP4") nv = Nv::MOE, fp8 = true;
       else out.push_back(fmt::format("config.json: quantization_config quant_method 'modelopt' with quant_algo '{}' is not supported (NVFP4 or MIXED_PRECISION with moe_quant_algo NVFP4)", algo));
@@ -100,11 +107,11 @@ std::vector<std::string> check_quant_config(const nlohmann::json& qcfg, const Te
       } else if (!algo.empty()) {
         out.push_back(fmt::format("config.json: quantization_config quant_algo '{}' is not supported", algo));
       }
-      if (qcfg.contains("weight_block_size") && qcfg["weight_block_size"] != nlohmann::json::array({128, 128}))
-        out.push_back(fmt::format("config.json: quantization_config weight_block_size {} is not supported (only [128, 128])", qcfg["weight_block_size"].dump()));
     } else {
       out.push_back(fmt::format("config.json: quantization_config quant_method '{}' is not supported (modelopt or fp8)", method));
     }
+    if (qcfg.contains("weight_block_size") && qcfg["weight_block_size"] != nlohmann::json::array({128, 128}))
+      out.push_back(fmt::format("config.json: quantization_config weight_block_size {} is not supported (only [128, 128])", qcfg["weight_block_size"].dump()));
     if (nv != Nv::NONE && qcfg.contains("group_size") && qcfg["group_size"] != 16)
       out.push_back(fmt::format("config.json: quantization_config group_size {} is not supported for NVFP4 (16)", qcfg["group_size"].dump()));
     for (const char* key : {"ignore", "exclude_modules"}) {

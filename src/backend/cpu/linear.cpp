@@ -5,11 +5,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "common/error.h"
 #include "common/numeric.h"
 #include "ops/linear.h"
+#include "quant/codec.h"
 
 namespace cm {
 
@@ -39,6 +41,23 @@ size_t LinearWeight::stored_bytes() const {
   return d + size_t(scale_rows * scale_cols) * (scale ? dtype_size(scale_dtype) : 0) + (scale_2 != 1.0f ? 4 : 0);
 }
 
+// NVFP4 row n as e2m1 * e4m3(block scale) * mul: mul = weight_scale_2 gives
+// the weight; mul = 1 gives the block-unit values the W4A4 path multiplies
+// by alpha afterwards.
+static void expand_nvfp4_row(const LinearWeight& w, int64_t n, float mul, float* out) {
+  const int64_t K = w.in_features;
+  const uint8_t* q = w.data + n * (K / 2);
+  const uint8_t* s = w.scale + n * (K / 16);
+  for (int64_t b = 0; b < K / 16; ++b) {
+    float sc = e4m3_to_f32(s[b]) * mul;
+    for (int64_t j = 0; j < 8; ++j) {
+      uint8_t byte = q[b * 8 + j];
+      out[b * 16 + 2 * j] = e2m1_to_f32(byte & 0xf) * sc;
+      out[b * 16 + 2 * j + 1] = e2m1_to_f32(byte >> 4) * sc;
+    }
+  }
+}
+
 void linear_expand_row(const LinearWeight& w, int64_t n, float* out) {
   const int64_t K = w.in_features;
   switch (w.format) {
@@ -55,19 +74,9 @@ void linear_expand_row(const LinearWeight& w, int64_t n, float* out) {
       for (int64_t k = 0; k < K; ++k) out[k] = f16_to_f32(p[k]);
       return;
     }
-    case WeightFormat::NVFP4: {
-      const uint8_t* q = w.data + n * (K / 2);
-      const uint8_t* s = w.scale + n * (K / 16);
-      for (int64_t b = 0; b < K / 16; ++b) {
-        float sc = e4m3_to_f32(s[b]) * w.scale_2;
-        for (int64_t j = 0; j < 8; ++j) {
-          uint8_t byte = q[b * 8 + j];
-          out[b * 16 + 2 * j] = e2m1_to_f32(byte & 0xf) * sc;
-          out[b * 16 + 2 * j + 1] = e2m1_to_f32(byte >> 4) * sc;
-        }
-      }
+    case WeightFormat::NVFP4:
+      expand_nvfp4_row(w, n, w.scale_2, out);
       return;
-    }
     case WeightFormat::MXFP4: {
       const uint8_t* q = w.data + n * (K / 2);
       const uint8_t* s = w.scale + n * (K / 32);
@@ -96,6 +105,25 @@ void linear_expand_row(const LinearWeight& w, int64_t n, float* out) {
   fail("linear '{}': unknown weight format", w.name);
 }
 
+// W4A4 emulation (spec §9.5, --act-quant nvfp4): each activation row is
+// quantized as a Blackwell kernel would (g = 1/input_scale, per-16 E4M3
+// satfinite block scales, E2M1 RNE) and kept as e2m1 * dec(s_xb); the weight
+// row as e2m1 * dec(s_wb). Both products are exact in fp32, so
+// sum_k x'_k w'_k = sum_b s_xb s_wb sum q_x q_w, then y = alpha * that with
+// alpha = input_scale * weight_scale_2. Only NVFP4 weights take this path.
+static std::vector<float> nvfp4_quantized_activations(const LinearWeight& w, const float* x, int64_t m) {
+  const int64_t K = w.in_features;
+  CM_CHECK(std::isfinite(w.input_scale) && w.input_scale > 0.0f,
+           "linear '{}': --act-quant nvfp4 needs a finite input_scale > 0 (got {})", w.name, w.input_scale);
+  std::vector<float> xq(size_t(m * K));
+  std::vector<uint8_t> codes(static_cast<size_t>(K)), scales(static_cast<size_t>(K / 16));
+  for (int64_t i = 0; i < m; ++i) {
+    nvfp4_quantize_activation(x + i * K, K, w.input_scale, codes.data(), scales.data());
+    for (int64_t k = 0; k < K; ++k) xq[size_t(i * K + k)] = e2m1_to_f32(codes[size_t(k)]) * e4m3_to_f32(scales[size_t(k / 16)]);
+  }
+  return xq;
+}
+
 void linear_cpu(const LinearWeight& w, const float* x, int64_t m, float* y, ActQuant aq) {
   linear_cpu_rows(w, 0, w.out_features, x, m, y, aq);
 }
@@ -105,10 +133,17 @@ void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t N, const float
   const int64_t K = w.in_features;
   CM_CHECK(row0 >= 0 && N >= 0 && row0 + N <= w.out_features, "linear '{}': rows [{}, {}) outside [0, {})", w.name,
            row0, row0 + N, w.out_features);
-  // Activation quantization only applies to NVFP4 weights; others are weight-only.
-  CM_CHECK(aq == ActQuant::NONE || w.format != WeightFormat::NVFP4,
-           "linear '{}': NVFP4 activation quantization is not available on this path", w.name);
   if (m <= 0 || N <= 0) return;
+  if (w.input_observer) w.input_observer->observe_input(w, x, m);
+  // Weight-only formats ignore the activation mode (there is no W4A4 kernel for them).
+  const bool w4a4 = aq == ActQuant::NVFP4 && w.format == WeightFormat::NVFP4;
+  std::vector<float> xq;
+  float out_mul = 1.0f;
+  if (w4a4) {
+    xq = nvfp4_quantized_activations(w, x, m);
+    x = xq.data();
+    out_mul = w.input_scale * w.scale_2;
+  }
   // Threads only pay off above ~64k multiply-adds; below, fork/join dominates.
   const bool par = N * K * m >= (int64_t(1) << 16);
 #pragma omp parallel if (par)
@@ -121,7 +156,8 @@ void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t N, const float
       if (w.format == WeightFormat::F32) {
         wr = reinterpret_cast<const float*>(w.data) + n * K;
       } else {
-        linear_expand_row(w, n, row.data());
+        if (w4a4) expand_nvfp4_row(w, n, 1.0f, row.data());
+        else linear_expand_row(w, n, row.data());
         wr = row.data();
       }
       for (int64_t i = 0; i < m; ++i) {
@@ -135,7 +171,8 @@ void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t N, const float
           acc3 += xr[k + 3] * wr[k + 3];
         }
         for (; k < K; ++k) acc0 += xr[k] * wr[k];
-        y[i * N + r] = (acc0 + acc1) + (acc2 + acc3);
+        float acc = (acc0 + acc1) + (acc2 + acc3);
+        y[i * N + r] = w4a4 ? acc * out_mul : acc;
       }
     }
   }

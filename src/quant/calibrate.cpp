@@ -1,0 +1,111 @@
+// Calibration run for the quantizer; see calibrate.h.
+#include "quant/calibrate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "common/error.h"
+#include "model/model.h"
+
+namespace cm {
+
+namespace {
+
+// Records max |x| of each linear's input, keyed by the weight's module name.
+struct AmaxRecorder : LinearInputObserver {
+  std::mutex mu;
+  std::map<std::string, float> amax;
+  void observe_input(const LinearWeight& w, const float* x, int64_t m) override {
+    float a = 0;
+    const int64_t n = m * w.in_features;
+    for (int64_t i = 0; i < n; ++i) a = std::max(a, std::fabs(x[i]));  // NaN does not raise the max
+    std::lock_guard<std::mutex> lock(mu);
+    float& slot = amax[w.name];
+    slot = std::max(slot, a);
+  }
+};
+
+// Every linear of the model, so the recorder can be attached to each.
+template <typename F>
+void for_each_linear(Weights& w, F&& f) {
+  f(w.head);
+  auto expert = [&](ExpertWeights& e) {
+    f(e.w1);
+    f(e.w2);
+    f(e.w3);
+  };
+  auto comp = [&](CompressorWeights& c) {
+    f(c.wkv);
+    f(c.wgate);
+  };
+  for (LayerWeights& l : w.layers) {
+    for (LinearWeight* p : {&l.wq_a, &l.wq_b, &l.wkv, &l.wo_a, &l.wo_b, &l.gate}) f(*p);
+    if (l.compressor) comp(*l.compressor);
+    if (l.indexer) {
+      f(l.indexer->wq_b);
+      f(l.indexer->weights_proj);
+      comp(l.indexer->comp);
+    }
+    for (ExpertWeights& e : l.experts) expert(e);
+    if (l.has_shared) expert(l.shared);
+  }
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> read_calibration_tokens(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) fail("--calib: cannot read '{}'", path);
+  std::vector<std::vector<int32_t>> seqs;
+  std::string line;
+  int64_t lineno = 0;
+  while (std::getline(f, line)) {
+    ++lineno;
+    for (char& c : line)
+      if (c == ',' || c == '\t' || c == '\r') c = ' ';
+    std::istringstream is(line);
+    std::vector<int32_t> ids;
+    std::string tok;
+    while (is >> tok) {
+      char* end = nullptr;
+      errno = 0;
+      long long v = std::strtoll(tok.c_str(), &end, 10);
+      if (*end != '\0' || errno || v < 0 || v > INT32_MAX)
+        fail("--calib '{}' line {}: '{}' is not a token id (the file holds token ids, one sequence per line)", path,
+             lineno, tok);
+      ids.push_back(int32_t(v));
+    }
+    if (!ids.empty()) seqs.push_back(std::move(ids));
+  }
+  if (seqs.empty()) fail("--calib '{}' holds no token ids", path);
+  return seqs;
+}
+
+std::map<std::string, float> calibrate_input_amax(const std::string& dir,
+                                                  const std::vector<std::vector<int32_t>>& seqs, int64_t max_len,
+                                                  std::FILE* log) {
+  CM_CHECK(max_len > 0, "--calib-seq-len must be >= 1 (got {})", max_len);
+  LoadOptions lo;
+  lo.linear.allow_missing_input_scale = true;
+  std::unique_ptr<Model> m = model_load(dir, lo);
+  AmaxRecorder rec;
+  for_each_linear(m->weights, [&](LinearWeight& w) { w.input_observer = &rec; });
+  State st = state_new(m->config);
+  int64_t total = 0, done = 0;
+  for (const auto& s : seqs) total += int64_t(s.size());
+  for (const auto& s : seqs) {
+    for (size_t i = 0; i < s.size(); i += size_t(max_len)) {
+      state_reset(st);
+      const int64_t n = std::min<int64_t>(max_len, int64_t(s.size() - i));
+      forward(*m, st, s.data() + i, n);
+      done += n;
+      std::fprintf(log, "calibrate: %lld/%lld tokens\n", (long long)done, (long long)total);
+    }
+  }
+  return rec.amax;
+}
+
+}  // namespace cm
