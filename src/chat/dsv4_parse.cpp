@@ -5,6 +5,7 @@
 
 #include "chat/dsv4.h"
 #include "chat/py_json.h"
+#include "chat/stop_strings.h"
 #include "common/error.h"
 #include "tokenizer/utf8.h"
 
@@ -201,12 +202,7 @@ ReasoningSplitter::Delta ReasoningSplitter::push(std::string_view text) {
     return d;
   }
   // Keep back the longest suffix that could start "</think>".
-  size_t keep = 0;
-  for (size_t k = std::min(held_.size(), kThinkEnd.size() - 1); k > 0; --k)
-    if (held_.compare(held_.size() - k, k, kThinkEnd, 0, k) == 0) {
-      keep = k;
-      break;
-    }
+  size_t keep = partial_suffix_len(held_, kThinkEnd);
   d.reasoning = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
   return d;
