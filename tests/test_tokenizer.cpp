@@ -161,6 +161,10 @@ TEST(Tokenizer, RejectsBadInput) {
   EXPECT_THROW(Tokenizer::from_json(json_with("[]", R"({"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated"})")), Error);
   EXPECT_THROW(Tokenizer::from_json(json_with("[]", R"({"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Sideways"})")), Error);
   EXPECT_THROW(Tokenizer::from_json(json_with("[]", R"({"type": "Metaspace"})")), Error);
+  EXPECT_THROW(Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 2000000000}, "merges": []}})"), Error);
+  EXPECT_THROW(Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": -1}, "merges": []}})"), Error);
+  EXPECT_THROW(Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                                       "added_tokens": [{"id": 5, "content": ""}]})"), Error);
   // Merge ranks: with both merges, "ab" comes out as one token, and pairs and strings agree.
   Tokenizer t1 = Tokenizer::from_json(json_with(R"(["a b"])", "null"));
   EXPECT_EQ(t1.encode("abab"), (std::vector<int32_t>{2, 2}));

