@@ -6,10 +6,12 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "test_util.h"
 #include "io/safetensors.h"
 
 namespace fs = std::filesystem;
 using namespace cm;
+using cm::test::error_of;
 
 namespace {
 std::string tmpdir() {
@@ -24,14 +26,6 @@ void write_raw(const std::string& path, const std::string& header, const std::st
   uint64_t n = header.size();
   o.write(reinterpret_cast<const char*>(&n), 8);
   o << header << data;
-}
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 }  // namespace
 

@@ -23,6 +23,7 @@ import os
 import shutil
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
@@ -62,7 +63,34 @@ FIXTURES = {
                  mlp_layer_types=["hash_moe", "moe", "moe"],
                  compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
                  sliding_window=12, index_topk=4)),
+    # transformers spelling with the test tokenizer (vocab 4022): the fixture for text commands
+    # (tokenize -> model -> perplexity); expected.json also holds the perplexity of TEXT.
+    "hf_text": dict(
+        spelling="transformers", dtype="bf16", seq=24, seed=4, tokenizer="tokenizer",
+        cfg=dict(num_hidden_layers=3,
+                 layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+                 mlp_layer_types=["hash_moe", "moe", "moe"],
+                 compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+                 sliding_window=16, index_topk=4)),
 }
+
+# Text for the perplexity fixture (public-domain, Genesis 1:1-5, KJV).
+TEXT = ("In the beginning God created the heaven and the earth. And the earth was without form, and void; "
+        "and darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. "
+        "And God said, Let there be light: and there was light. And God saw the light, that it was good: and "
+        "God divided the light from the darkness. And God called the light Day, and the darkness he called "
+        "Night. And the evening and the morning were the first day.\n")
+PPL_CTX = 32
+
+
+def perplexity(model, ids, ctx):
+    """exp(mean NLL), non-overlapping full windows, tokens 1.. of each (clawmine perplexity's protocol)."""
+    n = len(ids) // ctx * ctx
+    wins = torch.tensor(ids[:n]).view(-1, ctx)
+    with torch.no_grad():
+        logits = model(wins, use_cache=False).logits.float()
+    nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), wins[:, 1:].reshape(-1))
+    return math.exp(nll.item()), wins.shape[0] * (ctx - 1)
 
 
 def randomize(model, cfg, gen):
@@ -143,6 +171,12 @@ def make(name, spec, out_root):
     gen = torch.Generator().manual_seed(spec["seed"])
     kw = dict(BASE)
     cfg_spec = dict(spec["cfg"])
+    tok_dir = None
+    if spec.get("tokenizer"):
+        tok_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", spec["tokenizer"])
+        from tokenizers import Tokenizer
+        hf_tok = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+        kw["vocab_size"] = hf_tok.get_vocab_size()
     if spec["spelling"] == "release":
         ratios = cfg_spec.pop("compress_ratios")
         nh = cfg_spec.pop("num_hash_layers")
@@ -204,6 +238,16 @@ def make(name, spec, out_root):
         save_file(sd, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     save_file({"tokens": tokens[0].to(torch.int64).contiguous(), "logits": full.contiguous()},
               os.path.join(out, "expected.safetensors"))
+    if tok_dir:
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(tok_dir, f), out)
+        ids = hf_tok.encode(TEXT, add_special_tokens=False).ids
+        ppl, scored = perplexity(model, ids, PPL_CTX)
+        with open(os.path.join(out, "text.txt"), "w") as f:
+            f.write(TEXT)
+        with open(os.path.join(out, "expected.json"), "w") as f:
+            json.dump({"perplexity": ppl, "ctx": PPL_CTX, "tokens_scored": scored, "text_ids": ids}, f)
+        print(f"{name}: perplexity {ppl:.4f} over {scored} tokens")
     shutil.rmtree(tmp)
 
 

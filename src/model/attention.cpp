@@ -98,7 +98,7 @@ std::vector<std::vector<int32_t>> indexer_select(const Model& mdl, const Indexer
   std::vector<float> wts = lin(iw.weights_proj, x, T, opt);  // [T, nh]
   const float qscale = 1.0f / std::sqrt(float(ihd)), wscale = 1.0f / std::sqrt(float(nh));
   std::vector<std::vector<int32_t>> sel(static_cast<size_t>(T));
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (T * nh * ihd * ks.n_entries >= (int64_t(1) << 16))
   for (int64_t t = 0; t < T; ++t) {
     float* qt = &q[size_t(t * nh * ihd)];
     rope_apply_cpu(qt, nh, ihd, pos0 + t, mdl.rope_compress, false);
@@ -158,7 +158,7 @@ void attention_block(const Model& mdl, int64_t L, LayerState& st, int64_t pos0, 
   // Attention per query token over window rows ∪ compressed entries.
   std::vector<float> o(size_t(T * H * hd));
   const float scale = 1.0f / std::sqrt(float(hd));
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (T * H * hd * std::min<int64_t>(pos0 + T, W) >= (int64_t(1) << 16))
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = pos0 + t;
     std::vector<const float*> ent;

@@ -41,6 +41,11 @@ std::vector<float> forward(const Model& m, State& state, const int32_t* tokens, 
 // Block functions used by forward(); x is the normed block input [T, D].
 void attention_block(const Model& m, int64_t layer, LayerState& st, int64_t pos0, const float* x, int64_t T,
                      float* out, const ForwardOptions& opt);
+// Routing (spec §7): for each token the K global expert ids (hash table or
+// top-K of sqrt(softplus(logits)) + bias, ties to the lower id) and their
+// weights s/Σs · routed_scaling_factor. logits [T, E]; out idx/weights [T, K].
+void moe_route(const Config& c, const LayerWeights& lw, const int32_t* tokens, const float* logits, int64_t T,
+               std::vector<int32_t>* idx, std::vector<float>* weights);
 void moe_block(const Model& m, int64_t layer, const int32_t* tokens, const float* x, int64_t T, float* out,
                const ForwardOptions& opt);
 

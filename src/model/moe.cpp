@@ -50,34 +50,50 @@ void expert_apply(const ExpertWeights& e, float limit, const float* x, int64_t D
 
 }  // namespace
 
+void moe_route(const Config& c, const LayerWeights& lw, const int32_t* tokens, const float* logits, int64_t T,
+               std::vector<int32_t>* idx, std::vector<float>* weights) {
+  const int64_t E = c.n_routed_experts, K = c.n_experts_per_tok;
+  const bool hash = !lw.tid2eid.empty();
+  idx->assign(size_t(T * K), 0);
+  weights->assign(size_t(T * K), 0.0f);
+  std::vector<float> s(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) s[size_t(e)] = std::sqrt(softplus(logits[size_t(t * E + e)]));
+    std::vector<int32_t> sel;
+    if (hash) {
+      sel.assign(&lw.tid2eid[size_t(int64_t(tokens[t]) * K)], &lw.tid2eid[size_t(int64_t(tokens[t]) * K + K)]);
+    } else {
+      for (int64_t e = 0; e < E; ++e) biased[size_t(e)] = s[size_t(e)] + lw.gate_bias[size_t(e)];
+      sel = topk_lower_index_first(biased.data(), E, K);
+    }
+    float sum = 0;
+    for (int32_t e : sel) sum += s[size_t(e)];
+    for (int64_t j = 0; j < K; ++j) {
+      (*idx)[size_t(t * K + j)] = sel[size_t(j)];
+      (*weights)[size_t(t * K + j)] = s[size_t(sel[size_t(j)])] / (sum + 1e-20f) * float(c.routed_scaling_factor);
+    }
+  }
+}
+
 void moe_block(const Model& mdl, int64_t L, const int32_t* tokens, const float* x, int64_t T, float* out,
                const ForwardOptions& opt) {
   const Config& c = mdl.config;
   const LayerWeights& lw = mdl.weights.layers[size_t(L)];
   const int64_t D = c.hidden_size, E = c.n_routed_experts, K = c.n_experts_per_tok;
-  const bool hash = c.moe_kinds[size_t(L)] == MoeKind::HASH;
 
   std::vector<float> logits(size_t(T * E));
   linear_cpu(lw.gate, x, T, logits.data(), opt.act_quant);
+  std::vector<int32_t> idx;
+  std::vector<float> wk;
+  moe_route(c, lw, tokens, logits.data(), T, &idx, &wk);
   std::vector<std::vector<int32_t>> rows(static_cast<size_t>(E));
   std::vector<std::vector<float>> wts(static_cast<size_t>(E));
-  std::vector<float> s(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t e = 0; e < E; ++e) s[size_t(e)] = std::sqrt(softplus(logits[size_t(t * E + e)]));
-    std::vector<int32_t> idx;
-    if (hash) {
-      idx.assign(&lw.tid2eid[size_t(int64_t(tokens[t]) * K)], &lw.tid2eid[size_t(int64_t(tokens[t]) * K + K)]);
-    } else {
-      for (int64_t e = 0; e < E; ++e) biased[size_t(e)] = s[size_t(e)] + lw.gate_bias[size_t(e)];
-      idx = topk_lower_index_first(biased.data(), E, K);
-    }
-    float sum = 0;
-    for (int32_t e : idx) sum += s[size_t(e)];
-    for (int32_t e : idx) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t e = idx[size_t(t * K + j)];
       rows[size_t(e)].push_back(int32_t(t));
-      wts[size_t(e)].push_back(s[size_t(e)] / (sum + 1e-20f) * float(c.routed_scaling_factor));
+      wts[size_t(e)].push_back(wk[size_t(t * K + j)]);
     }
-  }
 
   std::fill(out, out + T * D, 0.0f);
   for (int64_t e = 0; e < E; ++e)

@@ -52,7 +52,7 @@ void hc_sinkhorn(float* c, int64_t hc, int64_t iters, float eps) {
 
 void hc_pre_cpu(const HcParams& p, const float* x, int64_t tokens, float* collapsed, float* post, float* comb) {
   const int64_t hc = p.hc, D = p.dim, n = hc * D, rows = (2 + hc) * hc;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens * rows * n >= (int64_t(1) << 16))
   for (int64_t t = 0; t < tokens; ++t) {
     std::vector<float> mix(size_t(rows), 0.0f);
     const float* xt = x + t * n;
@@ -76,7 +76,7 @@ void hc_pre_cpu(const HcParams& p, const float* x, int64_t tokens, float* collap
 
 void hc_post_cpu(int64_t hc, int64_t D, const float* out, const float* post, const float* comb, int64_t tokens,
                  float* x) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens * hc * hc * D >= (int64_t(1) << 16))
   for (int64_t t = 0; t < tokens; ++t) {
     float* xt = x + t * hc * D;
     const float* c = comb + t * hc * hc;
@@ -94,7 +94,7 @@ void hc_post_cpu(int64_t hc, int64_t D, const float* out, const float* post, con
 
 void hc_head_cpu(const HcHeadParams& p, const float* x, int64_t tokens, float* y) {
   const int64_t hc = p.hc, D = p.dim, n = hc * D;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens * hc * n >= (int64_t(1) << 16))
   for (int64_t t = 0; t < tokens; ++t) {
     std::vector<float> mix(static_cast<size_t>(hc));
     const float* xt = x + t * n;

@@ -144,7 +144,9 @@ void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t N, const float
     x = xq.data();
     out_mul = w.input_scale * w.scale_2;
   }
-#pragma omp parallel
+  // Threads only pay off above ~64k multiply-adds; below, fork/join dominates.
+  const bool par = N * K * m >= (int64_t(1) << 16);
+#pragma omp parallel if (par)
   {
     std::vector<float> row(size_t(K) + 16);
 #pragma omp for schedule(static)

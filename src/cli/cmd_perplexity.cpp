@@ -1,0 +1,90 @@
+// `clawmine perplexity -m DIR --file F [--ctx N] [--stride S] [--chunks K]`
+// (llama.cpp's llama-perplexity is the model). The file's exact bytes are
+// tokenized with the model's tokenizer and cut into windows of N tokens that
+// start every S tokens (S = N by default: non-overlapping). Each window runs
+// from a fresh state; the first window scores every token after its first,
+// later windows score only their last S tokens (those no earlier window
+// scored). Only full windows are used. Prints a progress line on stderr and
+// the perplexity exp(mean NLL) on stdout.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/engine_options.h"
+#include "common/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+struct Opts {
+  cm::cli::EngineOptions eng;
+  std::string file;
+  int64_t ctx = 0, stride = 0, chunks = -1;
+};
+
+int run(const Opts& o) {
+  std::ifstream in(o.file, std::ios::binary);
+  if (!in) cm::fail("--file: cannot read {}", o.file);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  auto m = cm::cli::load_model(o.eng);
+  cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
+  std::vector<int32_t> ids = tok.encode(ss.str(), cm::EncodeOptions{false, false});
+  const int64_t N = int64_t(ids.size()), V = m->config.vocab_size;
+  const int64_t ctx = o.ctx > 0 ? o.ctx : std::min<int64_t>(1024, m->config.max_position_embeddings);
+  const int64_t stride = o.stride > 0 ? o.stride : ctx;
+  if (ctx < 2) cm::fail("--ctx must be >= 2 (got {})", ctx);
+  if (ctx > m->config.max_position_embeddings)
+    cm::fail("--ctx {} exceeds the model's context of {}", ctx, m->config.max_position_embeddings);
+  if (stride > ctx) cm::fail("--stride {} must not exceed --ctx {}", stride, ctx);
+  if (N < ctx) cm::fail("{}: {} tokens, fewer than one window of --ctx {}", o.file, N, ctx);
+  int64_t windows = (N - ctx) / stride + 1;
+  if (o.chunks >= 0) windows = std::min(windows, o.chunks);
+  cm::LayerStatsObserver stats(stderr);
+  cm::ForwardOptions fo = cm::cli::forward_options(o.eng, &stats);
+  fo.all_logits = true;
+  double nll = 0;
+  int64_t scored = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t w = 0; w < windows; ++w) {
+    const int64_t start = w * stride;
+    cm::State st = cm::state_new(m->config);
+    std::vector<float> logits = cm::forward(*m, st, ids.data() + start, ctx, fo);
+    const int64_t first = w == 0 ? 1 : ctx - stride;  // positions whose token is predicted
+    for (int64_t p = std::max<int64_t>(first, 1); p < ctx; ++p) {
+      const float* row = &logits[size_t((p - 1) * V)];
+      float mx = row[0];
+      for (int64_t v = 1; v < V; ++v) mx = std::max(mx, row[v]);
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v] - mx));
+      nll += std::log(sum) + mx - row[ids[size_t(start + p)]];
+      ++scored;
+    }
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "\r[%lld/%lld] ppl %.4f  %.0f tok/s ", (long long)(w + 1), (long long)windows,
+                 std::exp(nll / double(scored)), double((w + 1) * ctx) / secs);
+    std::fflush(stderr);
+  }
+  std::fprintf(stderr, "\n");
+  std::printf("perplexity: %.4f (%lld tokens scored, %lld windows, ctx %lld, stride %lld)\n",
+              std::exp(nll / double(scored)), (long long)scored, (long long)windows, (long long)ctx,
+              (long long)stride);
+  return 0;
+}
+
+cm::cli::CommandRegistrar reg({"perplexity", "Perplexity of a model on a text file (llama-perplexity style)",
+                               [](CLI::App& app) -> cm::cli::CommandRun {
+                                 auto o = std::make_shared<Opts>();
+                                 cm::cli::add_engine_options(app, o->eng);
+                                 app.add_option("-f,--file", o->file, "Text file (its exact bytes)")->required();
+                                 app.add_option("-c,--ctx", o->ctx, "Window length in tokens (default 1024)");
+                                 app.add_option("--stride", o->stride, "Window start spacing (default --ctx)");
+                                 app.add_option("--chunks", o->chunks, "Evaluate at most this many windows");
+                                 return [o] { return run(*o); };
+                               }});
+
+}  // namespace

@@ -1,0 +1,138 @@
+// `clawmine tokenize` and `clawmine detokenize`: text <-> token ids with a model's tokenizer.json,
+// for checking prompts and for the differential test against HF `tokenizers`
+// (tests/tokenizer_diff.py uses --batch-hex). --model may be a directory holding only the
+// tokenizer files.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  CM_CHECK(f.good(), "tokenize: cannot read {}", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += ' ';
+    out += std::to_string(ids[i]);
+  }
+  return out;
+}
+
+std::string unhex_line(const std::string& h, size_t line) {
+  CM_CHECK(h.size() % 2 == 0, "tokenize: --batch-hex line {} has an odd number of hex digits", line);
+  std::string out;
+  for (size_t i = 0; i < h.size(); i += 2) {
+    auto nib = [&](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+      cm::fail("tokenize: --batch-hex line {} has a non-hex character", line);
+    };
+    out += static_cast<char>(nib(h[i]) * 16 + nib(h[i + 1]));
+  }
+  return out;
+}
+
+// "1,2,3" or "1 2 3" -> ids
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::string cur;
+  auto flush = [&]() {
+    if (cur.empty()) return;
+    size_t pos = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(cur, &pos);
+    } catch (const std::exception&) {
+      pos = 0;
+    }
+    CM_CHECK(pos == cur.size() && v >= 0 && v <= INT32_MAX, "detokenize: '{}' is not a token id", cur);
+    ids.push_back(static_cast<int32_t>(v));
+    cur.clear();
+  };
+  for (char c : s) {
+    if (c == ',' || c == ' ' || c == '\n' || c == '\t') flush();
+    else cur += c;
+  }
+  flush();
+  return ids;
+}
+
+struct TokenizeOptions {
+  std::string model, prompt, file, batch_hex;
+  bool no_special = false, add_special = false, time = false;
+};
+
+cm::cli::CommandRegistrar reg_tokenize({"tokenize", "Print the token ids of a text", [](CLI::App& app) {
+  auto o = std::make_shared<TokenizeOptions>();
+  app.add_option("-m,--model", o->model, "Model directory (tokenizer.json, tokenizer_config.json)")->required();
+  auto* p = app.add_option("-p,--prompt", o->prompt, "Text to tokenize");
+  auto* f = app.add_option("-f,--file", o->file, "File whose exact bytes are tokenized");
+  auto* b = app.add_option("--batch-hex", o->batch_hex,
+                           "File with one hex-encoded input per line; prints one line of ids each");
+  p->excludes(f)->excludes(b);
+  f->excludes(b);
+  app.add_flag("--no-special", o->no_special, "Encode special-token text as ordinary text");
+  app.add_flag("--add-special", o->add_special, "Add BOS/EOS as tokenizer_config.json asks");
+  app.add_flag("--time", o->time, "Print encode speed (MB/s) on stderr");
+  return [o, p, f, b]() -> int {
+    CM_CHECK(p->count() + f->count() + b->count() == 1, "tokenize: give one of -p TEXT, --file F, --batch-hex F");
+    cm::Tokenizer tok = cm::Tokenizer::load(o->model);
+    cm::EncodeOptions eo{.parse_special = !o->no_special, .add_special = o->add_special};
+    if (b->count()) {
+      std::istringstream in(read_all(o->batch_hex));
+      std::string line, out;
+      for (size_t n = 1; std::getline(in, line); ++n) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        out += join_ids(tok.encode(unhex_line(line, n), eo));
+        out += '\n';
+      }
+      std::fwrite(out.data(), 1, out.size(), stdout);
+      return 0;
+    }
+    std::string text = f->count() ? read_all(o->file) : o->prompt;
+    auto t0 = std::chrono::steady_clock::now();
+    auto ids = tok.encode(text, eo);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string out = join_ids(ids) + "\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    if (o->time)
+      std::fprintf(stderr, "encoded %zu bytes into %zu tokens in %.3f s (%.1f MB/s)\n", text.size(),
+                   ids.size(), s, s > 0 ? text.size() / 1e6 / s : 0.0);
+    return 0;
+  };
+}});
+
+struct DetokenizeOptions {
+  std::string model, ids;
+  bool skip_special = false;
+};
+
+cm::cli::CommandRegistrar reg_detokenize({"detokenize", "Print the text of token ids (exact bytes, no newline added)",
+                                          [](CLI::App& app) {
+  auto o = std::make_shared<DetokenizeOptions>();
+  app.add_option("-m,--model", o->model, "Model directory (tokenizer.json, tokenizer_config.json)")->required();
+  app.add_option("--ids", o->ids, "Token ids, e.g. 1,2,3")->required();
+  app.add_flag("--skip-special", o->skip_special, "Leave special tokens out");
+  return [o]() -> int {
+    cm::Tokenizer tok = cm::Tokenizer::load(o->model);
+    std::string text = tok.decode(parse_ids(o->ids), o->skip_special);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  };
+}});
+
+}  // namespace

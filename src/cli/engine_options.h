@@ -1,0 +1,29 @@
+// The options every model-running command shares, in one struct fed by CLI
+// flags (an environment mirror is declared next to its flag, nowhere else).
+// Commands: logits, generate (and later chat, serve, perplexity).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+
+namespace cm::cli {
+
+struct EngineOptions {
+  std::string model;               // -m, --model DIR
+  int threads = 0;                 // -t, --threads (0 = all cores)       env CLAWMINE_THREADS
+  bool layer_stats = false;        // --layer-stats
+  bool derive_input_scale = false; // --derive-input-scale (NVFP4)
+  std::string act_quant = "none";  // --act-quant none|nvfp4
+};
+
+// Declares the shared flags on a subcommand. model_required: -m must be given.
+void add_engine_options(CLI::App& app, EngineOptions& o, bool model_required = true);
+
+// Applies threads, loads the model with the load options.
+std::unique_ptr<Model> load_model(const EngineOptions& o);
+// ForwardOptions for these flags; `stats` is the observer used for --layer-stats.
+ForwardOptions forward_options(const EngineOptions& o, Observer* stats);
+
+}  // namespace cm::cli

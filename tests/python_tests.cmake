@@ -1,0 +1,12 @@
+# Python-driven tests (include from the top-level CMakeLists.txt after the CLAWMINE_TESTS block):
+#   include(tests/python_tests.cmake)
+# tokenizer_diff: clawmine's tokenizer vs Hugging Face `tokenizers` on thousands of seeded random
+# strings; exits 0 with a message when the `tokenizers` package is not installed.
+find_package(Python3 COMPONENTS Interpreter)
+if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
+  add_test(NAME tokenizer_diff
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tests/tokenizer_diff.py
+                   --clawmine $<TARGET_FILE:clawmine>
+                   --model ${CMAKE_CURRENT_SOURCE_DIR}/tests/data/tokenizer --n 3000 --seed 1)
+  set_tests_properties(tokenizer_diff PROPERTIES LABELS cpu TIMEOUT 120)
+endif()
