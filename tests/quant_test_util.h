@@ -29,6 +29,16 @@ inline double ref_e4m3(int c) {  // NaN for 0x7F/0xFF
 }
 inline double ref_e8m0(int c) { return c == 255 ? NAN : std::pow(2.0, c - 127); }
 
+// Scratch directories of this process, removed when the test binary exits.
+struct TmpDirs {
+  std::vector<std::string> dirs;
+  ~TmpDirs() {
+    std::error_code ec;
+    for (const std::string& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+inline TmpDirs g_tmpdirs;
+
 // Per-test scratch directory.
 inline std::string tmpdir(const std::string& tag) {
   auto p = std::filesystem::temp_directory_path() /
@@ -36,6 +46,7 @@ inline std::string tmpdir(const std::string& tag) {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
+  g_tmpdirs.dirs.push_back(p.string());
   return p.string();
 }
 

@@ -399,8 +399,15 @@ TEST(QuantE2E, QuantizeCli) {
   EXPECT_TRUE(fs::exists(d + "/out/model.safetensors.index.json"));
   EXPECT_EQ(run("--in " + src + " --out " + d + "/out", &err), 1);
   EXPECT_NE(err.find("exists and is not empty"), std::string::npos) << err;
-  EXPECT_EQ(run("--in " + src + " --out " + d + "/out2 --calib " + d + "/text.txt", &err), 1);
+  EXPECT_EQ(run("--in " + src + " --out " + d + "/out2 --calib " + d + "/text.txt --calib-format ids", &err), 1);
   EXPECT_NE(err.find("'Hello' is not a token id"), std::string::npos) << err;
+  EXPECT_EQ(run("--in " + src + " --out " + d + "/out2 --calib " + d + "/text.txt", &err), 1);
+  EXPECT_NE(err.find("is text (not token ids) and needs the model's tokenizer"), std::string::npos) << err;
+  // Text calibration through the model's tokenizer.
+  const std::string txt = kData + "/golden/hf_text";
+  EXPECT_EQ(run("--in " + txt + " --out " + d + "/out4 --calib " + txt + "/text.txt --calib-seq-len 64", &err), 0) << err;
+  EXPECT_NE(err.find("0 default"), std::string::npos) << err;
+  EXPECT_TRUE(fs::exists(d + "/out4/tokenizer.json"));
   EXPECT_EQ(run("--in " + src + " --out " + d + "/out3 --default-input-amax 0", &err), 1);
   EXPECT_NE(err.find("--default-input-amax"), std::string::npos) << err;
 }

@@ -1,7 +1,7 @@
 // `clawmine quantize --in DIR --out DIR [--calib FILE] [--include GLOB ...] [--exclude GLOB ...]`
 // Writes a sharded ModelOpt-format NVFP4 checkpoint from an F32, BF16,
 // FP8-block or MXFP4 one (src/quant/quantize.h). With --calib (token ids, one
-// sequence per line) the model runs on the CPU first and every input_scale
+// sequence per line, or text for the source's tokenizer) the model runs on the CPU first and every input_scale
 // comes from the observed activation amax; without it the documented default
 // is used and reported. Progress and the summary go to stderr.
 #include <cstdio>
@@ -17,6 +17,7 @@ namespace {
 struct Opts {
   cm::QuantizeOptions q;
   std::string calib;
+  std::string calib_format = "auto";
   int64_t calib_seq_len = 512;
   double shard_mb = 2048;
 };
@@ -26,7 +27,10 @@ int run(Opts& o) {
   o.q.shard_bytes = int64_t(o.shard_mb * 1024 * 1024);
   std::map<std::string, float> amax;
   if (!o.calib.empty()) {
-    auto seqs = cm::read_calibration_tokens(o.calib);
+    cm::CalibFormat f = o.calib_format == "ids" ? cm::CalibFormat::IDS
+                        : o.calib_format == "text" ? cm::CalibFormat::TEXT
+                                                   : cm::CalibFormat::AUTO;
+    auto seqs = cm::read_calibration(o.calib, o.q.in_dir, f);
     amax = cm::calibrate_input_amax(o.q.in_dir, seqs, o.calib_seq_len, stderr);
   }
   cm::QuantizeSummary s = cm::quantize_checkpoint(o.q, amax, stderr);
@@ -45,7 +49,10 @@ cm::cli::CommandRegistrar reg(
        app.add_option("--in", o->q.in_dir, "Source checkpoint directory")->required();
        app.add_option("--out", o->q.out_dir, "Output directory (must not exist or be empty)")->required();
        app.add_option("--calib", o->calib,
-                      "Calibration token ids (one sequence per line, ids separated by spaces or commas)");
+                      "Calibration data: token ids (one sequence per line, separated by spaces or commas) or text "
+                      "(tokenized with the source's tokenizer.json)");
+       app.add_option("--calib-format", o->calib_format, "auto (ids if every item is an integer), ids or text")
+           ->check(CLI::IsMember({"auto", "ids", "text"}));
        app.add_option("--calib-seq-len", o->calib_seq_len, "Cut calibration sequences into pieces of N tokens");
        app.add_option("--include", o->q.include,
                       "Also quantize modules matching GLOB ('*' any run, '?' one char; e.g. '*.indexer.wq_b')");

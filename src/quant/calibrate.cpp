@@ -3,12 +3,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cerrno>
+#include <climits>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <sstream>
 
 #include "common/error.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace cm {
 
@@ -56,13 +60,16 @@ void for_each_linear(Weights& w, F&& f) {
 
 }  // namespace
 
-std::vector<std::vector<int32_t>> read_calibration_tokens(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) fail("--calib: cannot read '{}'", path);
-  std::vector<std::vector<int32_t>> seqs;
+namespace {
+
+// Parses token-id lines; returns false (and the first offending item) when an
+// item is not a token id.
+bool parse_id_lines(const std::string& text, std::vector<std::vector<int32_t>>* seqs, std::string* bad,
+                    int64_t* bad_line) {
+  std::istringstream lines(text);
   std::string line;
   int64_t lineno = 0;
-  while (std::getline(f, line)) {
+  while (std::getline(lines, line)) {
     ++lineno;
     for (char& c : line)
       if (c == ',' || c == '\t' || c == '\r') c = ' ';
@@ -73,15 +80,44 @@ std::vector<std::vector<int32_t>> read_calibration_tokens(const std::string& pat
       char* end = nullptr;
       errno = 0;
       long long v = std::strtoll(tok.c_str(), &end, 10);
-      if (*end != '\0' || errno || v < 0 || v > INT32_MAX)
-        fail("--calib '{}' line {}: '{}' is not a token id (the file holds token ids, one sequence per line)", path,
-             lineno, tok);
+      if (*end != '\0' || errno || v < 0 || v > INT32_MAX) {
+        *bad = tok;
+        *bad_line = lineno;
+        return false;
+      }
       ids.push_back(int32_t(v));
     }
-    if (!ids.empty()) seqs.push_back(std::move(ids));
+    if (!ids.empty()) seqs->push_back(std::move(ids));
   }
-  if (seqs.empty()) fail("--calib '{}' holds no token ids", path);
-  return seqs;
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> read_calibration(const std::string& path, const std::string& model_dir,
+                                                   CalibFormat format) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("--calib: cannot read '{}'", path);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<std::vector<int32_t>> seqs;
+  std::string bad;
+  int64_t bad_line = 0;
+  if (format != CalibFormat::TEXT && parse_id_lines(text, &seqs, &bad, &bad_line)) {
+    if (seqs.empty()) fail("--calib '{}' holds no token ids", path);
+    return seqs;
+  }
+  if (format == CalibFormat::IDS)
+    fail("--calib '{}' line {}: '{}' is not a token id (the file holds token ids, one sequence per line)", path,
+         bad_line, bad);
+  // Text: the model's own tokenizer.
+  std::vector<int32_t> ids;
+  try {
+    ids = Tokenizer::load(model_dir).encode(text);
+  } catch (const Error& e) {
+    fail("--calib '{}' is text (not token ids) and needs the model's tokenizer: {}", path, e.what());
+  }
+  if (ids.empty()) fail("--calib '{}' holds no text", path);
+  return {ids};
 }
 
 std::map<std::string, float> calibrate_input_amax(const std::string& dir,

@@ -10,10 +10,14 @@
 
 namespace cm {
 
-// Reads a calibration file of token ids: one sequence per non-empty line,
-// ids separated by spaces or commas. Text files are refused with a message
-// (tokenization happens elsewhere).
-std::vector<std::vector<int32_t>> read_calibration_tokens(const std::string& path);
+enum class CalibFormat { AUTO, IDS, TEXT };
+
+// Reads a calibration file. IDS: one sequence per non-empty line, token ids
+// separated by spaces or commas. TEXT: the file's bytes, tokenized with the
+// tokenizer of model_dir (tokenizer.json) into one sequence. AUTO: IDS when
+// every item of the file is a non-negative integer, TEXT otherwise.
+std::vector<std::vector<int32_t>> read_calibration(const std::string& path, const std::string& model_dir,
+                                                   CalibFormat format = CalibFormat::AUTO);
 
 // Loads the model at dir, feeds each sequence (cut into pieces of at most
 // max_len tokens, each from a fresh state) and returns amax of the input of

@@ -150,9 +150,9 @@ std::string inspect_text(const nlohmann::json& r) {
     o += "rope: window layers " + rope(c["rope_main"]) + "; compressed layers " + rope(c["rope_compress"]) + "\n";
     o += "layers:";
     for (const auto& l : c["layers"])
-      o += fmt::format(" {}:{}{}{}", l["layer"].get<int64_t>(), l["attn"].get<std::string>(),
-                       l["ratio"].get<int64_t>() ? "/" + std::to_string(l["ratio"].get<int64_t>()) : "",
-                       l["moe"] == "hash" ? "+hash" : "");
+      o += fmt::format(" {}:{}", l["layer"].get<int64_t>(), l["attn"].get<std::string>()) +
+           (l["ratio"].get<int64_t>() ? fmt::format("/{}", l["ratio"].get<int64_t>()) : std::string()) +
+           (l["moe"] == "hash" ? "+hash" : "");
     o += "\n";
     if (!c["quantization_config"].is_null()) o += "quantization_config: " + c["quantization_config"].dump() + "\n";
   }
