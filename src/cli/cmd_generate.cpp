@@ -1,86 +1,143 @@
-// `clawmine generate --model DIR --tokens 5,17,42 -n 32 [sampling flags]`
-// Prefills the prompt, then samples one token at a time and prints each id
-// as it is produced (space-separated), stopping at EOS unless --ignore-eos.
-// Speed (prompt and generation tokens/s) goes to stderr at the end.
-#include <chrono>
+// `clawmine generate [-m DIR] (-p TEXT | --tokens 5,17,42) -n 64 [--chat] [--think]
+//   [--system S] [--stop STR ...] [sampling flags]`
+// Text mode (-p) tokenizes the prompt (raw, or rendered with the DeepSeek-V4
+// chat format with --chat/--think), streams the generated text to stdout and
+// prints prompt and generation speed on stderr. Token mode (--tokens) prints
+// the generated ids. Both stop at EOS unless --ignore-eos.
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
 
+#include "chat/dsv4.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "common/error.h"
-#include "model/model.h"
-#include "sampling/sampler.h"
+#include "runtime/session.h"
+#include "sampling/generation_config.h"
 
 namespace {
 
 struct Opts {
   cm::cli::EngineOptions eng;
-  std::string tokens;
-  int64_t n_predict = 32;
+  std::string prompt, tokens, system;
+  int64_t n_predict = 64;
   cm::SamplingParams sp;
-  bool ignore_eos = false;
+  std::vector<std::string> stop;
+  CLI::App* app = nullptr;  // to ask which sampling flags were given
+  bool ignore_eos = false, chat = false, think = false, hide_reasoning = false;
 };
 
-int run(const Opts& o) {
-  std::vector<int32_t> prompt = cm::cli::parse_token_list(o.tokens);
+void print_speed(const cm::GenerateResult& r) {
+  const double n = double(r.tokens.size());
+  std::fprintf(stderr, "\nprompt: %lld tokens, %.1f tok/s | generation: %lld tokens, %.1f tok/s\n",
+               (long long)(r.prompt_tokens - r.prompt_reused),
+               r.prompt_seconds > 0 ? double(r.prompt_tokens - r.prompt_reused) / r.prompt_seconds : 0.0,
+               (long long)r.tokens.size(), r.gen_seconds > 0 ? n / r.gen_seconds : 0.0);
+}
+
+int run(Opts& o) {
+  if (o.prompt.empty() == o.tokens.empty()) cm::fail("give exactly one of -p/--prompt and --tokens");
   if (o.n_predict < 0) cm::fail("-n must be >= 0 (got {})", o.n_predict);
-  cm::Sampler sampler(o.sp);  // validates the sampling flags before the model loads
-  auto t0 = std::chrono::steady_clock::now();
+  if ((o.chat || o.think || !o.system.empty()) && o.prompt.empty())
+    cm::fail("--chat, --think and --system need a text prompt (-p)");
+  cm::validate_sampling_params(o.sp);  // before the model loads
   auto m = cm::cli::load_model(o.eng);
-  const cm::Config& c = m->config;
-  if (int64_t(prompt.size()) + o.n_predict > c.max_position_embeddings)
-    cm::fail("prompt ({} tokens) + -n {} exceeds the model's context of {}", prompt.size(), o.n_predict,
-             c.max_position_embeddings);
-  cm::State st = cm::state_new(c);
+  // generation_config.json supplies the defaults; flags given on the command line win.
+  cm::GenerationDefaults gd = cm::load_generation_config(o.eng.model);
+  cm::SamplingParams sp = gd.sampling;
+  auto given = [&](const char* flag) { return o.app->count(flag) > 0; };
+  if (given("--temp")) sp.temperature = o.sp.temperature;
+  if (given("--top-k")) sp.top_k = o.sp.top_k;
+  if (given("--top-p")) sp.top_p = o.sp.top_p;
+  if (given("--min-p")) sp.min_p = o.sp.min_p;
+  if (given("--repeat-penalty")) sp.repetition_penalty = o.sp.repetition_penalty;
+  if (given("--presence-penalty")) sp.presence_penalty = o.sp.presence_penalty;
+  if (given("--frequency-penalty")) sp.frequency_penalty = o.sp.frequency_penalty;
+  sp.seed = o.sp.seed;
+  cm::validate_sampling_params(sp);
   cm::LayerStatsObserver stats(stderr);
-  cm::ForwardOptions fo = cm::cli::forward_options(o.eng, &stats);
-  auto t1 = std::chrono::steady_clock::now();
-  std::vector<float> logits = cm::forward(*m, st, prompt.data(), int64_t(prompt.size()), fo);
-  auto t2 = std::chrono::steady_clock::now();
-  std::vector<int32_t> hist = prompt;
-  int64_t produced = 0;
-  for (; produced < o.n_predict; ++produced) {
-    int32_t id = sampler.sample(logits.data(), c.vocab_size, hist);
-    hist.push_back(id);
-    std::printf(produced ? " %d" : "%d", id);
+  cm::GenerateRequest req;
+  req.max_tokens = o.n_predict;
+  req.sampling = sp;
+  req.stop = o.stop;
+  req.eos_ids = gd.eos_ids;
+  req.ignore_eos = o.ignore_eos;
+
+  if (!o.tokens.empty()) {
+    cm::Session s(*m, nullptr, cm::cli::forward_options(o.eng, &stats));
+    req.prompt = cm::cli::parse_token_list(o.tokens);
+    cm::GenerateResult r = s.generate(req, nullptr);
+    for (size_t i = 0; i < r.tokens.size(); ++i) std::printf(i ? " %d" : "%d", r.tokens[i]);
+    std::printf("\n");
     std::fflush(stdout);
-    bool eos = false;
-    for (int64_t e : c.eos_token_ids) eos |= (e == id);
-    if (eos && !o.ignore_eos) {
-      ++produced;
-      break;
-    }
-    if (produced + 1 < o.n_predict) logits = cm::forward(*m, st, &id, 1, fo);
+    print_speed(r);
+    return 0;
   }
+
+  cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
+  cm::Session s(*m, &tok, cm::cli::forward_options(o.eng, &stats));
+  const bool chat = o.chat || o.think || !o.system.empty();
+  const auto mode = o.think ? cm::chat::Mode::Thinking : cm::chat::Mode::Chat;
+  std::string text = o.prompt;
+  if (chat) {
+    nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+    if (!o.system.empty()) msgs.push_back({{"role", "system"}, {"content", o.system}});
+    msgs.push_back({{"role", "user"}, {"content", o.prompt}});
+    text = cm::chat::encode_messages(msgs, {mode, true, true, ""});
+  }
+  req.prompt = tok.encode(text);
+  if (req.prompt.empty()) cm::fail("the prompt encodes to no tokens");
+  const bool tty = ::isatty(STDOUT_FILENO);
+  cm::chat::ReasoningSplitter split(chat ? mode : cm::chat::Mode::Chat);
+  bool in_reasoning = false;
+  auto show = [&](const cm::chat::ReasoningSplitter::Delta& d) {
+    if (!d.reasoning.empty() && !o.hide_reasoning) {
+      if (!in_reasoning && tty) std::fputs("\x1b[2m", stdout);
+      in_reasoning = true;
+      std::fputs(d.reasoning.c_str(), stdout);
+    }
+    if (!d.content.empty()) {
+      if (in_reasoning) std::fputs(tty ? "\x1b[0m\n\n" : "\n\n", stdout);
+      in_reasoning = false;
+      std::fputs(d.content.c_str(), stdout);
+    }
+    std::fflush(stdout);
+  };
+  if (!chat) std::fputs(o.prompt.c_str(), stdout);
+  cm::GenerateResult r = s.generate(req, [&](const std::string& piece) { show(split.push(piece)); });
+  show(split.flush());
+  if (in_reasoning && tty) std::fputs("\x1b[0m", stdout);
   std::printf("\n");
   std::fflush(stdout);
-  auto t3 = std::chrono::steady_clock::now();
-  auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-  std::fprintf(stderr, "load %.2f s | prompt %zu tokens %.1f tok/s | generated %lld tokens %.1f tok/s\n", sec(t0, t1),
-               prompt.size(), double(prompt.size()) / sec(t1, t2), (long long)produced,
-               produced > 1 ? double(produced - 1) / sec(t2, t3) : 0.0);
+  print_speed(r);
   return 0;
 }
 
-cm::cli::CommandRegistrar reg({"generate", "Generate token ids from a prompt of token ids",
-                               [](CLI::App& app) -> cm::cli::CommandRun {
-                                 auto o = std::make_shared<Opts>();
-                                 cm::cli::add_engine_options(app, o->eng);
-                                 app.add_option("--tokens", o->tokens, "Prompt as comma-separated token ids")
-                                     ->required();
-                                 app.add_option("-n,--n-predict", o->n_predict, "Tokens to generate (32)");
-                                 app.add_option("--temp", o->sp.temperature, "Temperature (0 = greedy)");
-                                 app.add_option("--top-k", o->sp.top_k, "Top-k (0 = off)");
-                                 app.add_option("--top-p", o->sp.top_p, "Top-p (1 = off)");
-                                 app.add_option("--min-p", o->sp.min_p, "Min-p (0 = off)");
-                                 app.add_option("--repeat-penalty", o->sp.repetition_penalty, "Repetition penalty");
-                                 app.add_option("--presence-penalty", o->sp.presence_penalty, "Presence penalty");
-                                 app.add_option("--frequency-penalty", o->sp.frequency_penalty, "Frequency penalty");
-                                 app.add_option("-s,--seed", o->sp.seed, "Random seed");
-                                 app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at EOS");
-                                 return [o] { return run(*o); };
-                               }});
+cm::cli::CommandRegistrar reg(
+    {"generate", "Generate text (-p) or token ids (--tokens) from a prompt", [](CLI::App& app) -> cm::cli::CommandRun {
+       auto o = std::make_shared<Opts>();
+       o->app = &app;
+       cm::cli::add_engine_options(app, o->eng, /*model_required=*/false);
+       app.add_option("-p,--prompt", o->prompt, "Prompt text");
+       app.add_option("--tokens", o->tokens, "Prompt as comma-separated token ids (prints ids)");
+       app.add_option("-n,--n-predict", o->n_predict, "Tokens to generate (64)");
+       app.add_flag("--chat", o->chat, "Render the prompt as a user turn with the DeepSeek-V4 chat format");
+       app.add_flag("--think", o->think, "Chat in thinking mode (<think>); implies --chat");
+       app.add_option("--system", o->system, "System prompt (implies --chat)");
+       app.add_flag("--hide-reasoning", o->hide_reasoning, "Do not print the reasoning of thinking mode");
+       app.add_option("--stop", o->stop, "Stop before this string (repeatable)")->take_all();
+       app.add_option("--temp", o->sp.temperature, "Temperature (0 = greedy; default from generation_config.json, else greedy)");
+       app.add_option("--top-k", o->sp.top_k, "Top-k (0 = off)");
+       app.add_option("--top-p", o->sp.top_p, "Top-p (1 = off)");
+       app.add_option("--min-p", o->sp.min_p, "Min-p (0 = off)");
+       app.add_option("--repeat-penalty", o->sp.repetition_penalty, "Repetition penalty (1 = off)");
+       app.add_option("--presence-penalty", o->sp.presence_penalty, "Presence penalty");
+       app.add_option("--frequency-penalty", o->sp.frequency_penalty, "Frequency penalty");
+       app.add_option("-s,--seed", o->sp.seed, "Random seed");
+       app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at EOS");
+       return [o] { return run(*o); };
+     }});
 
 }  // namespace

@@ -19,7 +19,7 @@ struct Opts {
   int64_t chunk = 0;
 };
 
-int run(const Opts& o) {
+int run(Opts& o) {
   std::vector<int32_t> toks = cm::cli::parse_token_list(o.tokens);
   if (o.chunk < 0) cm::fail("--chunk must be >= 1 (got {})", o.chunk);
   auto m = cm::cli::load_model(o.eng);

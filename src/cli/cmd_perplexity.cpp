@@ -26,7 +26,7 @@ struct Opts {
   int64_t ctx = 0, stride = 0, chunks = -1;
 };
 
-int run(const Opts& o) {
+int run(Opts& o) {
   std::ifstream in(o.file, std::ios::binary);
   if (!in) cm::fail("--file: cannot read {}", o.file);
   std::ostringstream ss;

@@ -7,8 +7,10 @@
 namespace cm::cli {
 
 void add_engine_options(CLI::App& app, EngineOptions& o, bool model_required) {
-  auto* m = app.add_option("-m,--model", o.model, "Checkpoint directory (config.json + *.safetensors)");
+  auto* m = app.add_option("-m,--model", o.model, "Checkpoint directory (config.json + *.safetensors)")
+                ->envname("CLAWMINE_MODEL");
   if (model_required) m->required();
+  else m->default_str(CLAWMINE_DEFAULT_MODEL);
   app.add_option("-t,--threads", o.threads, "CPU threads (0 = all cores)")->envname("CLAWMINE_THREADS")
       ->check(CLI::Range(0, 4096));
   app.add_flag("--layer-stats", o.layer_stats,
@@ -22,7 +24,8 @@ void add_engine_options(CLI::App& app, EngineOptions& o, bool model_required) {
       ->check(CLI::IsMember({"none", "nvfp4"}));
 }
 
-std::unique_ptr<Model> load_model(const EngineOptions& o) {
+std::unique_ptr<Model> load_model(EngineOptions& o) {
+  if (o.model.empty()) o.model = CLAWMINE_DEFAULT_MODEL;
   if (o.threads > 0) omp_set_num_threads(o.threads);
   LoadOptions lo;
   lo.linear.allow_missing_input_scale = o.derive_input_scale;

@@ -21,8 +21,9 @@ struct EngineOptions {
 // Declares the shared flags on a subcommand. model_required: -m must be given.
 void add_engine_options(CLI::App& app, EngineOptions& o, bool model_required = true);
 
-// Applies threads, loads the model with the load options.
-std::unique_ptr<Model> load_model(const EngineOptions& o);
+// Applies threads, loads the model with the load options (the embedded
+// default model when -m was not given; o.model is set to the path used).
+std::unique_ptr<Model> load_model(EngineOptions& o);
 // ForwardOptions for these flags; `stats` is the observer used for --layer-stats.
 ForwardOptions forward_options(const EngineOptions& o, Observer* stats);
 

@@ -195,9 +195,15 @@ TensorStore TensorStore::open_dir(const std::string& dir) {
     }
     return s;
   }
+  // Without an index, model.safetensors is the checkpoint (as transformers loads it); other
+  // *.safetensors files are only read when it does not exist.
   std::vector<fs::path> files;
-  for (auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path());
+  if (fs::exists(fs::path(dir) / "model.safetensors")) {
+    files.push_back(fs::path(dir) / "model.safetensors");
+  } else {
+    for (auto& e : fs::directory_iterator(dir))
+      if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path());
+  }
   std::sort(files.begin(), files.end());
   if (files.empty()) fail("{}: no .safetensors files and no model.safetensors.index.json", dir);
   for (auto& p : files) {

@@ -54,8 +54,8 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// All tensors of a checkpoint directory (one model.safetensors, an index with
-// shards, or every *.safetensors file when there is no index).
+// All tensors of a checkpoint directory: the shards of model.safetensors.index.json;
+// else model.safetensors; else every *.safetensors file of the directory.
 class TensorStore {
  public:
   static TensorStore open_dir(const std::string& dir);  // throws cm::Error
