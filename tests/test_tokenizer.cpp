@@ -182,6 +182,9 @@ TEST(Tokenizer, OnigurumaWordClassesAreTranslated) {
   EXPECT_EQ(onig_to_pcre2(R"([]\w])"), std::string("[]") + tok::kOnigWordClassInSet + "]");
   EXPECT_EQ(onig_to_pcre2(R"(\\w)"), R"(\\w)");  // escaped backslash, then a literal w
   EXPECT_THROW(onig_to_pcre2(R"([^\W])"), Error);
+  EXPECT_THROW(onig_to_pcre2(R"([\S])"), Error);
+  EXPECT_EQ(onig_to_pcre2(R"(\s+(?!\S))"),
+            "[" + std::string(tok::kOnigSpaceClass) + "]+(?![^" + tok::kOnigSpaceClass + "])");
   EXPECT_THROW(onig_to_pcre2("[[:alpha:]]"), Error);
   // Matching: a combining mark is a word character for Oniguruma, U+2070 (superscript zero) not.
   tok::Regex re(onig_to_pcre2(R"(\w+)"));

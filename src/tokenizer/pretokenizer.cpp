@@ -50,8 +50,8 @@ SplitBehavior behavior_of(const std::string& s) {
 }  // namespace
 
 // tokenizer.json regexes are Oniguruma patterns. PCRE2 agrees on everything these files use
-// except the word class (see kOnigWordClass), so \w, \W, \b and \B are rewritten to explicit
-// classes; POSIX bracket classes, whose Oniguruma sets differ too, are rejected. Remaining
+// except the word class (see kOnigWordClass) and U+180E in \s, so \w, \W, \b, \B, \s and \S are
+// rewritten to explicit classes; POSIX bracket classes, whose Oniguruma sets differ too, are rejected. Remaining
 // difference: characters assigned after PCRE2's Unicode version (10.42: Unicode 14) have no
 // properties here.
 std::string onig_to_pcre2(const std::string& pat) {
@@ -67,6 +67,9 @@ std::string onig_to_pcre2(const std::string& pat) {
       else if (e == 'W' && !depth) out += "[^" + w + "]";
       else if (e == 'W') fail("tokenizer: \\W inside a character class is not supported in '{}'", pat);
       else if (e == 'b' && !depth) out += "(?:(?<=" + word + ")(?!" + word + ")|(?<!" + word + ")(?=" + word + "))";
+      else if (e == 's') out += depth ? std::string(kOnigSpaceClass) : "[" + std::string(kOnigSpaceClass) + "]";
+      else if (e == 'S' && !depth) out += "[^" + std::string(kOnigSpaceClass) + "]";
+      else if (e == 'S') fail("tokenizer: \\S inside a character class is not supported in '{}'", pat);
       else if (e == 'B' && !depth) out += "(?:(?<=" + word + ")(?=" + word + ")|(?<!" + word + ")(?!" + word + "))";
       else out += c, out += e;
       continue;
@@ -235,7 +238,7 @@ void PreTokenizer::add_from_json(const nlohmann::json& j, bool last) {
     CM_CHECK(last, "tokenizer.json: ByteLevel must be the last pre-tokenizer of the Sequence");
     byte_level_ = true;
     add_prefix_space_ = j.value("add_prefix_space", false);
-    if (j.value("use_regex", true)) gpt2_ = std::make_unique<Regex>(kGpt2Pattern);
+    if (j.value("use_regex", true)) gpt2_ = std::make_unique<Regex>(onig_to_pcre2(kGpt2Pattern));
   } else if (type == "Sequence") {
     const auto& list = j.at("pretokenizers");
     for (size_t i = 0; i < list.size(); ++i) add_from_json(list[i], last && i + 1 == list.size());

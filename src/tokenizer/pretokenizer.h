@@ -48,7 +48,11 @@ inline constexpr const char* kOnigWordClassInSet = R"(\p{Alphabetic}\p{M}\p{Nd}\
 // plus the joiners ZWNJ/ZWJ.
 inline constexpr const char* kRustWordClass = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D})";
 
-// Oniguruma pattern -> equivalent PCRE2 pattern (rewrites \w \W \b \B). Exposed for tests.
+// Oniguruma's \s: Unicode White_Space (PCRE2 10.42 also counts U+180E).
+inline constexpr const char* kOnigSpaceClass =
+    R"(\t\n\x{0B}\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+
+// Oniguruma pattern -> equivalent PCRE2 pattern (rewrites \w \W \b \B \s \S). Exposed for tests.
 std::string onig_to_pcre2(const std::string& pattern);
 
 enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
