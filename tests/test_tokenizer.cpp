@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -21,7 +22,7 @@ namespace fs = std::filesystem;
 namespace {
 const std::string kDir = std::string(CLAWMINE_TEST_DATA) + "/tokenizer";
 
-const Tokenizer& tok() {
+const Tokenizer& fixture_tok() {
   static Tokenizer t = Tokenizer::load(kDir);
   return t;
 }
@@ -68,9 +69,9 @@ TEST(Tokenizer, MatchesHuggingFaceOnEveryFixture) {
   ASSERT_GT(cs.size(), 300u);
   int bad = 0;
   for (const Case& c : cs) {
-    auto ids = tok().encode(c.bytes);
+    auto ids = fixture_tok().encode(c.bytes);
     EXPECT_EQ(ids, c.ids) << "input: " << show(c.bytes);
-    auto ids2 = tok().encode(c.bytes, {.parse_special = false});
+    auto ids2 = fixture_tok().encode(c.bytes, {.parse_special = false});
     EXPECT_EQ(ids2, c.ids_no_special) << "input (specials as text): " << show(c.bytes);
     bad += ids != c.ids || ids2 != c.ids_no_special;
   }
@@ -79,13 +80,13 @@ TEST(Tokenizer, MatchesHuggingFaceOnEveryFixture) {
 
 TEST(Tokenizer, DecodeRoundTripsExactBytes) {
   for (const Case& c : cases()) {
-    EXPECT_EQ(tok().decode(c.ids), c.bytes) << show(c.bytes);
-    EXPECT_EQ(tok().decode(c.ids_no_special), c.bytes) << show(c.bytes);
+    EXPECT_EQ(fixture_tok().decode(c.ids), c.bytes) << show(c.bytes);
+    EXPECT_EQ(fixture_tok().decode(c.ids_no_special), c.bytes) << show(c.bytes);
   }
 }
 
 TEST(Tokenizer, SpecialTokensAndConfig) {
-  const Tokenizer& t = tok();
+  const Tokenizer& t = fixture_tok();
   EXPECT_EQ(t.bos_id(), 0);
   EXPECT_EQ(t.eos_id(), 1);
   EXPECT_FALSE(t.add_bos());  // DeepSeek-V4 convention: the template writes BOS itself
@@ -107,7 +108,7 @@ TEST(Tokenizer, SpecialTokensAndConfig) {
 }
 
 TEST(Tokenizer, InvalidUtf8IsEncodedBytewise) {
-  const Tokenizer& t = tok();
+  const Tokenizer& t = fixture_tok();
   // Each invalid byte is the byte-level token of that byte; valid runs around it encode alone.
   std::string s = "ab\xff" "cd";
   auto ff = t.token_id(utf8::byte_level().byte_to_str[0xff]);
@@ -121,7 +122,7 @@ TEST(Tokenizer, InvalidUtf8IsEncodedBytewise) {
 }
 
 TEST(Tokenizer, StreamDecoderNeverSplitsACharacter) {
-  const Tokenizer& t = tok();
+  const Tokenizer& t = fixture_tok();
   for (const Case& c : cases()) {
     StreamDecoder sd(t);
     std::string all;
@@ -144,8 +145,8 @@ TEST(Tokenizer, StreamDecoderNeverSplitsACharacter) {
 }
 
 TEST(Tokenizer, RejectsBadInput) {
-  EXPECT_THROW(tok().decode({-1}), Error);
-  EXPECT_THROW(tok().decode({static_cast<int32_t>(tok().vocab_size())}), Error);
+  EXPECT_THROW(fixture_tok().decode({-1}), Error);
+  EXPECT_THROW(fixture_tok().decode({static_cast<int32_t>(fixture_tok().vocab_size())}), Error);
   EXPECT_THROW(Tokenizer::load("/nonexistent_dir_cm"), Error);
   EXPECT_THROW(Tokenizer::from_json("{not json"), Error);
   EXPECT_THROW(Tokenizer::from_json(R"({"model": {"type": "WordPiece", "vocab": {}}})"), Error);
@@ -171,6 +172,28 @@ TEST(Tokenizer, RejectsBadInput) {
   EXPECT_EQ(t1.encode("aab"), (std::vector<int32_t>{0, 2}));
 }
 
+TEST(Tokenizer, OnigurumaWordClassesAreTranslated) {
+  using tok::onig_to_pcre2;
+  std::string w = std::string("[") + tok::kOnigWordClass + "]";
+  EXPECT_EQ(onig_to_pcre2(R"(\p{N}{1,3})"), R"(\p{N}{1,3})");  // untouched
+  EXPECT_EQ(onig_to_pcre2(R"(\w+)"), w + "+");
+  EXPECT_EQ(onig_to_pcre2(R"([\w.])"), std::string("[") + tok::kOnigWordClassInSet + ".]");
+  EXPECT_EQ(onig_to_pcre2(R"([\b])"), R"([\b])");  // backspace inside a class
+  EXPECT_EQ(onig_to_pcre2(R"([]\w])"), std::string("[]") + tok::kOnigWordClassInSet + "]");
+  EXPECT_EQ(onig_to_pcre2(R"(\\w)"), R"(\\w)");  // escaped backslash, then a literal w
+  EXPECT_THROW(onig_to_pcre2(R"([^\W])"), Error);
+  EXPECT_THROW(onig_to_pcre2(R"([\S])"), Error);
+  EXPECT_EQ(onig_to_pcre2(R"(\s+(?!\S))"),
+            "[" + std::string(tok::kOnigSpaceClass) + "]+(?![^" + tok::kOnigSpaceClass + "])");
+  EXPECT_THROW(onig_to_pcre2("[[:alpha:]]"), Error);
+  // Matching: a combining mark is a word character for Oniguruma, U+2070 (superscript zero) not.
+  tok::Regex re(onig_to_pcre2(R"(\w+)"));
+  std::vector<std::pair<size_t, size_t>> m;
+  re.find_all("e\xcc\x81x \xe2\x81\xb0", m);
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0], (std::pair<size_t, size_t>{0, 4}));
+}
+
 TEST(Tokenizer, EncodeSpeed) {
   // A multi-MB text built from the license texts in the fixture's training set is not available
   // on every machine, so repeat the fixture strings (valid UTF-8 only) to ~4 MB instead.
@@ -180,9 +203,9 @@ TEST(Tokenizer, EncodeSpeed) {
   std::string big;
   while (big.size() < (4u << 20)) big += text;
   auto t0 = std::chrono::steady_clock::now();
-  auto ids = tok().encode(big);
+  auto ids = fixture_tok().encode(big);
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_EQ(tok().decode(ids), big);
+  EXPECT_EQ(fixture_tok().decode(ids), big);
   std::printf("encode: %.1f MB in %.3f s = %.1f MB/s, %zu tokens\n", big.size() / 1e6, s,
               big.size() / 1e6 / s, ids.size());
 }

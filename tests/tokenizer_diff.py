@@ -77,6 +77,12 @@ def variants(base):
                 {"type": "Split", "pattern": {"Regex": r"\s+|\p{P}"}, "behavior": behavior, "invert": invert},
                 bl]}
             out.append((f"split-{behavior}-invert{invert}", v))
+    for name, pats in [("word-classes", [(r"\w+", "Isolated"), (r"[^\w\s]+", "MergedWithNext")]),
+                       ("word-boundary", [(r"\b", "Removed"), (r"[\w.]+", "Contiguous")])]:
+        v = copy.deepcopy(base)
+        v["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": p}, "behavior": b, "invert": False} for p, b in pats] + [bl]}
+        out.append((name, v))
     v = copy.deepcopy(base)
     v["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"String": "."}, "behavior": "MergedWithNext", "invert": False},

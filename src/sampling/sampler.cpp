@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "common/error.h"
 
@@ -56,83 +57,115 @@ void Sampler::apply_penalties(int64_t vocab, const std::vector<int32_t>& history
   }
 }
 
+// Probabilities are positive floats, whose bit patterns sort like their values: the top 12 bits
+// (exponent + 3 mantissa bits) give 1024 monotone buckets.
+static inline uint32_t bucket_of(float p) {
+  uint32_t bits;
+  std::memcpy(&bits, &p, sizeof bits);
+  return bits >> 20;
+}
+
+template <class Enough>
+void Sampler::keep_top(int64_t vocab, Enough enough) {
+  constexpr int kBuckets = 1024;
+  int64_t count[kBuckets] = {};
+  double mass[kBuckets] = {};
+  for (const Cand& c : cand_) {
+    uint32_t b = bucket_of(c.p);
+    ++count[b];
+    mass[b] += c.p;
+  }
+  // Walk down from the most probable bucket to the one where the condition becomes true.
+  int64_t n = 0;
+  double m = 0.0;
+  int boundary = -1;
+  for (int b = kBuckets - 1; b >= 0; --b) {
+    if (enough(n + count[b], m + mass[b])) {
+      boundary = b;
+      break;
+    }
+    n += count[b];
+    m += mass[b];
+  }
+  if (boundary < 0) return;  // everything is needed
+  // Inside the boundary bucket take tokens in rank order until the condition holds.
+  boundary_.clear();
+  for (const Cand& c : cand_)
+    if (bucket_of(c.p) == static_cast<uint32_t>(boundary)) boundary_.push_back(c);
+  std::sort(boundary_.begin(), boundary_.end(), ranks_before);
+  keep_.resize(vocab, 0);
+  for (const Cand& c : boundary_) {
+    keep_[c.id] = 1;
+    ++n;
+    m += c.p;
+    if (enough(n, m)) break;
+  }
+  size_t w = 0;
+  for (const Cand& c : cand_) {
+    uint32_t b = bucket_of(c.p);
+    if (b > static_cast<uint32_t>(boundary) || (b == static_cast<uint32_t>(boundary) && keep_[c.id])) cand_[w++] = c;
+  }
+  cand_.resize(w);
+  for (const Cand& c : boundary_) keep_[c.id] = 0;
+}
+
 int32_t Sampler::sample(const float* logits, int64_t vocab, const std::vector<int32_t>& history) {
   CM_CHECK(logits != nullptr, "sampling: no logits given");
   CM_CHECK(vocab > 0 && vocab <= INT32_MAX, "sampling: vocabulary size {} is invalid", vocab);
-  work_.resize(vocab);
-  for (int64_t i = 0; i < vocab; ++i) {
-    float l = logits[i];
-    CM_CHECK(!std::isnan(l), "sampling: logit {} is NaN", i);
-    CM_CHECK(l != INFINITY, "sampling: logit {} is +inf", i);
-    work_[i] = l;
+  // NaN and +inf in one vectorisable pass; locate the first offender only on failure.
+  bool bad = false;
+  for (int64_t i = 0; i < vocab; ++i) bad |= !(logits[i] < INFINITY);
+  if (bad) {
+    for (int64_t i = 0; i < vocab; ++i)
+      CM_CHECK(logits[i] < INFINITY, "sampling: logit {} is {}", i, std::isnan(logits[i]) ? "NaN" : "+inf");
   }
-  apply_penalties(vocab, history);
+  const float* l = logits;
+  const SamplingParams& p = params_;
+  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    work_.assign(logits, logits + vocab);
+    apply_penalties(vocab, history);
+    l = work_.data();
+  }
 
   // Greedy: first maximum wins, so ties go to the lowest id.
   int32_t best = -1;
   float best_l = -INFINITY;
   for (int64_t i = 0; i < vocab; ++i)
-    if (work_[i] > best_l) best_l = work_[i], best = static_cast<int32_t>(i);
+    if (l[i] > best_l) best_l = l[i], best = static_cast<int32_t>(i);
   CM_CHECK(best >= 0, "sampling: every logit is -inf, nothing can be sampled");
-  if (params_.temperature == 0.0f) return best;
+  if (p.temperature == 0.0f) return best;
 
-  // Unnormalised probabilities exp((l - max) / T) of every finite candidate.
-  const double inv_t = 1.0 / params_.temperature;
+  // Candidates with non-negligible probability, in id order: p = exp((l - max) / T) in (0, 1].
+  const float inv_t = 1.0f / p.temperature;
+  const float floor_l = best_l - 45.0f * p.temperature;
   cand_.clear();
-  prob_.assign(vocab, 0.0);
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (work_[i] == -INFINITY) continue;
-    cand_.push_back(static_cast<int32_t>(i));
-    prob_[i] = std::exp((static_cast<double>(work_[i]) - best_l) * inv_t);
+  for (int64_t i = 0; i < vocab; ++i)
+    if (l[i] >= floor_l) cand_.push_back({std::exp((l[i] - best_l) * inv_t), static_cast<int32_t>(i)});
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < cand_.size()) {
+    const int64_t k = p.top_k;
+    keep_top(vocab, [k](int64_t n, double) { return n >= k; });
   }
-  auto more_probable = [this](int32_t a, int32_t b) {
-    return prob_[a] != prob_[b] ? prob_[a] > prob_[b] : a < b;
-  };
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < cand_.size()) {
-    std::nth_element(cand_.begin(), cand_.begin() + params_.top_k, cand_.end(), more_probable);
-    cand_.resize(params_.top_k);
-    // nth_element leaves an implementation-defined order; sort the k kept ids so the final walk
-    // is the same with every standard library.
-    std::sort(cand_.begin(), cand_.end(), more_probable);
-  }
-  if (params_.top_p < 1.0f) {
+  if (p.top_p < 1.0f) {
     double total = 0.0;
-    for (int32_t id : cand_) total += prob_[id];
-    const double need = params_.top_p * total;
-    // Sort a growing prefix until it holds the nucleus: the nucleus is usually small, so a full
-    // sort of the 129k vocabulary is rarely needed.
-    size_t m = std::min<size_t>(cand_.size(), 256);
-    for (;;) {
-      std::partial_sort(cand_.begin(), cand_.begin() + m, cand_.end(), more_probable);
-      double cum = 0.0;
-      size_t keep = 0;
-      while (keep < m && cum < need) cum += prob_[cand_[keep++]];
-      if (cum >= need || m == cand_.size()) {
-        cand_.resize(std::max<size_t>(keep, 1));
-        break;
-      }
-      m = std::min(cand_.size(), m * 8);
-    }
+    for (const Cand& c : cand_) total += c.p;
+    const double need = static_cast<double>(p.top_p) * total;
+    keep_top(vocab, [need](int64_t, double m) { return m >= need; });
   }
-  if (params_.min_p > 0.0f) {
-    // p_max of the kept set is exp(0) = 1 here (the argmax always survives top-k/top-p).
-    const double threshold = params_.min_p * prob_[best];
-    cand_.erase(std::remove_if(cand_.begin(), cand_.end(),
-                               [&](int32_t id) { return prob_[id] < threshold; }),
+  if (p.min_p > 0.0f) {
+    // p_max is exp(0) = 1: the argmax survives every filter above.
+    cand_.erase(std::remove_if(cand_.begin(), cand_.end(), [&](const Cand& c) { return c.p < p.min_p; }),
                 cand_.end());
   }
 
-  // Walk the kept tokens in their (deterministic) order: probability order after top-k/top-p,
-  // id order otherwise.
   double total = 0.0;
-  for (int32_t id : cand_) total += prob_[id];
+  for (const Cand& c : cand_) total += c.p;
   const double target = next_uniform() * total;
   double cum = 0.0;
-  for (int32_t id : cand_) {
-    cum += prob_[id];
-    if (cum > target) return id;
+  for (const Cand& c : cand_) {
+    cum += c.p;
+    if (cum > target) return c.id;
   }
-  return cand_.back();
+  return cand_.back().id;
 }
 
 }  // namespace cm

@@ -14,9 +14,13 @@
 //      top_k (keep the k most probable), top_p (keep the smallest most-probable set whose
 //      probability mass reaches top_p), min_p (drop tokens with p < min_p * p_max).
 //      Ties are ranked by lower id first, so the kept set is deterministic. At least one token
-//      always survives.
+//      always survives. Tokens below exp(-45) of the most probable one (relative mass < 3e-20,
+//      invisible in double arithmetic) are not considered at all.
 //   4. draw u in [0,1) from the 53 high bits of the generator and walk the cumulative mass of the
-//      kept tokens (in descending probability when top-k/top-p sorted them, else in id order).
+//      kept tokens in ascending id order.
+// Cost: O(vocab) per token: top-k/top-p select through a histogram of the probabilities' float
+// exponents (only the one boundary bucket is sorted), so there is no full sort even when the
+// nucleus holds most of a 129k vocabulary. Sums run in id order, the same on every platform.
 // Errors (cm::Error): nonsensical parameters at construction; NaN or +inf logits, all logits
 // -inf, vocab <= 0, or a history id outside [0, vocab) at sample().
 //
@@ -59,13 +63,24 @@ class Sampler {
 
  private:
   void apply_penalties(int64_t vocab, const std::vector<int32_t>& history);
+  struct Cand {
+    float p;     // exp((logit - max) / T), in (0, 1]
+    int32_t id;
+  };
+  // Strict ranking: higher probability first, lower id on ties.
+  static bool ranks_before(const Cand& x, const Cand& y) { return x.p != y.p ? x.p > y.p : x.id < y.id; }
+  // Keeps the smallest highest-ranked prefix for which enough(count, mass) holds (at least one
+  // token); cand_ stays in id order.
+  template <class Enough>
+  void keep_top(int64_t vocab, Enough enough);
 
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<float> work_;      // penalised logits
   std::vector<int32_t> hist_;    // sorted copy of history for counting
-  std::vector<int32_t> cand_;    // candidate ids
-  std::vector<double> prob_;     // probabilities aligned with cand_
+  std::vector<Cand> cand_;       // candidates in ascending id order
+  std::vector<Cand> boundary_;   // scratch: the candidates of the boundary bucket
+  std::vector<uint8_t> keep_;    // scratch: per-id mark of boundary tokens that stay
 };
 
 }  // namespace cm

@@ -49,6 +49,48 @@ SplitBehavior behavior_of(const std::string& s) {
 }
 }  // namespace
 
+// tokenizer.json regexes are Oniguruma patterns. PCRE2 agrees on everything these files use
+// except the word class (see kOnigWordClass) and U+180E in \s, so \w, \W, \b, \B, \s and \S are
+// rewritten to explicit classes; POSIX bracket classes, whose Oniguruma sets differ too, are rejected. Remaining
+// difference: characters assigned after PCRE2's Unicode version (10.42: Unicode 14) have no
+// properties here.
+std::string onig_to_pcre2(const std::string& pat) {
+  const std::string w = kOnigWordClass;
+  const std::string word = "[" + w + "]";
+  std::string out;
+  int depth = 0;  // character-class nesting
+  for (size_t i = 0; i < pat.size(); ++i) {
+    char c = pat[i];
+    if (c == '\\' && i + 1 < pat.size()) {
+      char e = pat[++i];
+      if (e == 'w') out += depth ? kOnigWordClassInSet : word;
+      else if (e == 'W' && !depth) out += "[^" + w + "]";
+      else if (e == 'W') fail("tokenizer: \\W inside a character class is not supported in '{}'", pat);
+      else if (e == 'b' && !depth) out += "(?:(?<=" + word + ")(?!" + word + ")|(?<!" + word + ")(?=" + word + "))";
+      else if (e == 's') out += depth ? std::string(kOnigSpaceClass) : "[" + std::string(kOnigSpaceClass) + "]";
+      else if (e == 'S' && !depth) out += "[^" + std::string(kOnigSpaceClass) + "]";
+      else if (e == 'S') fail("tokenizer: \\S inside a character class is not supported in '{}'", pat);
+      else if (e == 'B' && !depth) out += "(?:(?<=" + word + ")(?=" + word + ")|(?<!" + word + ")(?!" + word + "))";
+      else out += c, out += e;
+      continue;
+    }
+    if (c == '[') {
+      // Oniguruma's POSIX classes ([:alpha:], [:punct:], ...) mean different sets than PCRE2's.
+      CM_CHECK(!(depth && i + 1 < pat.size() && pat[i + 1] == ':'),
+               "tokenizer: POSIX character classes like [:alpha:] are not supported in regex '{}'", pat);
+      ++depth;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal member.
+      if (i + 1 < pat.size() && pat[i + 1] == '^') out += pat[++i];
+      if (i + 1 < pat.size() && pat[i + 1] == ']') out += pat[++i];
+      continue;
+    }
+    if (c == ']' && depth) --depth;
+    out += c;
+  }
+  return out;
+}
+
 Regex::Regex(const std::string& pattern) {
   int err = 0;
   PCRE2_SIZE off = 0;
@@ -186,7 +228,7 @@ void PreTokenizer::add_from_json(const nlohmann::json& j, bool last) {
     CM_CHECK(!byte_level_, "tokenizer.json: a Split pre-tokenizer after ByteLevel is not supported");
     const auto& pat = j.at("pattern");
     Step st;
-    if (pat.contains("Regex")) st.re = std::make_unique<Regex>(pat["Regex"].get<std::string>());
+    if (pat.contains("Regex")) st.re = std::make_unique<Regex>(onig_to_pcre2(pat["Regex"].get<std::string>()));
     else if (pat.contains("String")) st.re = std::make_unique<Regex>(escape_literal(pat["String"].get<std::string>()));
     else fail("tokenizer.json: Split pattern must be {{\"Regex\": ..}} or {{\"String\": ..}}");
     st.behavior = behavior_of(j.value("behavior", std::string("Isolated")));
@@ -196,7 +238,7 @@ void PreTokenizer::add_from_json(const nlohmann::json& j, bool last) {
     CM_CHECK(last, "tokenizer.json: ByteLevel must be the last pre-tokenizer of the Sequence");
     byte_level_ = true;
     add_prefix_space_ = j.value("add_prefix_space", false);
-    if (j.value("use_regex", true)) gpt2_ = std::make_unique<Regex>(kGpt2Pattern);
+    if (j.value("use_regex", true)) gpt2_ = std::make_unique<Regex>(onig_to_pcre2(kGpt2Pattern));
   } else if (type == "Sequence") {
     const auto& list = j.at("pretokenizers");
     for (size_t i = 0; i < list.size(); ++i) add_from_json(list[i], last && i + 1 == list.size());

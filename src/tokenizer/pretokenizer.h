@@ -37,6 +37,24 @@ class Regex {
   bool jit_ = false;
 };
 
+// "Word" characters, written as the inside of a PCRE2 character class (checked code point by
+// code point against `tokenizers`; PCRE2 10.42's own UCP \w is Letter|Number|'_'):
+// Oniguruma's \w, used by tokenizer.json Split regexes: Alphabetic, marks, decimal digits,
+// connector punctuation, plus the Latin-1 digits/fractions ² ³ ¹ ¼ ½ ¾ of its 8-bit table.
+inline constexpr const char* kOnigWordClass = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{B2}\x{B3}\x{B9}\x{BC}-\x{BE})";
+// Inside a bracket expression ([\w.]) Oniguruma leaves the Latin-1 extras out.
+inline constexpr const char* kOnigWordClassInSet = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc})";
+// Rust regex's \w, used by HF for added tokens' single_word: the same without the Latin-1 extras,
+// plus the joiners ZWNJ/ZWJ.
+inline constexpr const char* kRustWordClass = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D})";
+
+// Oniguruma's \s: Unicode White_Space (PCRE2 10.42 also counts U+180E).
+inline constexpr const char* kOnigSpaceClass =
+    R"(\t\n\x{0B}\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+
+// Oniguruma pattern -> equivalent PCRE2 pattern (rewrites \w \W \b \B \s \S). Exposed for tests.
+std::string onig_to_pcre2(const std::string& pattern);
+
 enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
 
 class PreTokenizer {

@@ -309,8 +309,7 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
     }
     // single_word's "word character" is Rust regex's \w (HF matches with it): Alphabetic, marks,
     // decimal digits, connector punctuation, ZWNJ/ZWJ. (PCRE2's \w differs on marks and No.)
-    impl->word_char =
-        std::make_unique<tok::Regex>(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])");
+    impl->word_char = std::make_unique<tok::Regex>(std::string("[") + tok::kRustWordClass + "]");
 
     // BOS/EOS: tokenizer_config.json first, then the TemplateProcessing post-processor.
     Tokenizer tk(std::move(impl));

@@ -6,7 +6,12 @@
 // use_regex); model BPE (merges as strings or pairs, ignore_merges, byte_fallback, unk_token,
 // fuse_unk); added_tokens (special flag, lstrip, rstrip, single_word); decoder ByteLevel or null;
 // post_processor TemplateProcessing (only to learn BOS/EOS when tokenizer_config.json is silent).
-// Anything else is rejected with a cm::Error naming the feature.
+// Anything else is rejected with a cm::Error naming the feature. Regexes are Oniguruma syntax in
+// the file and run on PCRE2 after rewriting \w \W \b \B \s \S to Oniguruma's sets (POSIX
+// [:class:] sets are rejected). Known remaining difference from `tokenizers`: characters assigned
+// after Unicode 14 (PCRE2 10.42's tables) have no \p{..} properties here.
+// Verified: identical ids to `tokenizers` on the real DeepSeek-V4 tokenizer.json (17.5 MB of text,
+// 4.9M tokens) and on tens of thousands of random strings (tests/tokenizer_diff.py).
 //
 // Encoding, in HF order:
 //   1. Added tokens are split out of the raw text first (leftmost-longest match, tokens with
