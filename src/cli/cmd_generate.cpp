@@ -85,7 +85,7 @@ int run(Opts& o) {
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
     if (!o.system.empty()) msgs.push_back({{"role", "system"}, {"content", o.system}});
     msgs.push_back({{"role", "user"}, {"content", o.prompt}});
-    text = cm::chat::encode_messages(msgs, {mode, true, true, ""});
+    text = cm::chat::encode_messages(msgs, cm::chat::ChatOptions{mode, true, true, ""});
   }
   req.prompt = tok.encode(text);
   if (req.prompt.empty()) cm::fail("the prompt encodes to no tokens");
