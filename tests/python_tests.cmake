@@ -16,3 +16,9 @@ if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
                    --model ${CMAKE_CURRENT_SOURCE_DIR}/tests/data/tokenizer --n 3000 --seed 1)
   set_tests_properties(tokenizer_diff PROPERTIES LABELS cpu TIMEOUT 120)
 endif()
+if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
+  add_test(NAME chat_repl
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tests/chat_repl_test.py
+                   --clawmine $<TARGET_FILE:clawmine> --model ${CMAKE_CURRENT_SOURCE_DIR}/models/default)
+  set_tests_properties(chat_repl PROPERTIES LABELS cpu TIMEOUT 120)
+endif()
