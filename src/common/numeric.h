@@ -18,6 +18,13 @@ inline uint32_t bits_from_f32(float f) {
   return u;
 }
 
+// Little-endian f32 from 4 bytes at any alignment.
+inline float f32_from_bytes(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+
 inline float bf16_to_f32(uint16_t h) { return f32_from_bits(uint32_t(h) << 16); }
 
 // Round-to-nearest-even fp32 -> bf16 (NaN stays NaN).

@@ -65,13 +65,13 @@ void linear_expand_row(const LinearWeight& w, int64_t n, float* out) {
       std::memcpy(out, w.data + size_t(n * K) * 4, size_t(K) * 4);
       return;
     case WeightFormat::BF16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + n * K;
-      for (int64_t k = 0; k < K; ++k) out[k] = bf16_to_f32(p[k]);
+      const uint8_t* p = w.data + 2 * n * K;  // safetensors data need not be 2-byte aligned
+      for (int64_t k = 0; k < K; ++k) out[k] = bf16_to_f32(uint16_t(p[2 * k] | (p[2 * k + 1] << 8)));
       return;
     }
     case WeightFormat::F16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + n * K;
-      for (int64_t k = 0; k < K; ++k) out[k] = f16_to_f32(p[k]);
+      const uint8_t* p = w.data + 2 * n * K;
+      for (int64_t k = 0; k < K; ++k) out[k] = f16_to_f32(uint16_t(p[2 * k] | (p[2 * k + 1] << 8)));
       return;
     }
     case WeightFormat::NVFP4:
@@ -95,7 +95,7 @@ void linear_expand_row(const LinearWeight& w, int64_t n, float* out) {
       const int64_t sr = n / 128;
       for (int64_t k = 0; k < K; ++k) {
         int64_t sc_idx = sr * w.scale_cols + k / 128;
-        float sc = w.scale_dtype == DType::F32 ? reinterpret_cast<const float*>(w.scale)[sc_idx]
+        float sc = w.scale_dtype == DType::F32 ? f32_from_bytes(w.scale + 4 * sc_idx)
                                                : e8m0_to_f32(w.scale[sc_idx]);
         out[k] = e4m3_to_f32(q[k]) * sc;
       }
@@ -154,6 +154,8 @@ void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t N, const float
     x = xq.data();
     out_mul = w.input_scale * w.scale_2;
   }
+  // F32 rows are used in place when 4-byte aligned (safetensors does not promise it).
+  const bool f32_direct = w.format == WeightFormat::F32 && reinterpret_cast<uintptr_t>(w.data) % 4 == 0;
   // Threads only pay off above ~64k multiply-adds; below, fork/join dominates.
   const bool par = N * K * m >= (int64_t(1) << 16);
 #pragma omp parallel if (par)
@@ -163,8 +165,8 @@ void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t N, const float
     for (int64_t r = 0; r < N; ++r) {
       const int64_t n = row0 + r;
       const float* wr;
-      if (w.format == WeightFormat::F32) {
-        wr = reinterpret_cast<const float*>(w.data) + n * K;
+      if (f32_direct) {
+        wr = reinterpret_cast<const float*>(w.data) + n * K;  // aligned: checked above
       } else {
         if (w4a4) expand_nvfp4_row(w, n, 1.0f, row.data());
         else linear_expand_row(w, n, row.data());
