@@ -194,6 +194,7 @@ void bench_moe(Context& ctx, const KernelBenchOptions& opt, double copy_gbs, Ker
   MoeScratch scratch(ex, tmax, topk);
   DeviceBuffer x(size_t(tmax) * hidden * 2), y(size_t(tmax) * hidden * 4);
   fill_bf16(x.get(), tmax * hidden, 9);
+  CM_CUDA(cudaDeviceSynchronize());
   std::mt19937 rng(1234);
   for (int T : opt.moe_tokens) {
     const int copies = 8;  // different routings, so the 6 experts of T=1 are not L2-resident

@@ -68,7 +68,8 @@ void* Arena::take(size_t bytes, size_t align) {
 Context::Context(int device) {
   CM_CU_CHECK(device_count() > device, "no CUDA device %d (found %d)", device, device_count());
   CM_CUDA(cudaSetDevice(device));
-  CM_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // A blocking stream: it stays ordered with work on the legacy default stream (uploads, fills).
+  CM_CUDA(cudaStreamCreate(&stream_));
   CM_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   cublasHandle_t h = nullptr;
   check_cublas(cublasCreate(&h), "cublasCreate");
