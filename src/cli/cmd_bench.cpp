@@ -27,17 +27,18 @@ struct BenchOptions {
 
 #ifdef CLAWMINE_HAVE_CUDA
 void print_table(const cm::cuda::KernelBenchResult& r) {
-  fmt::print("GPU: {}   device-to-device copy: {:.0f} GB/s (read + write)\n", r.gpu, r.copy_gbs);
-  fmt::print("{:<26} {:>5} {:>8} {:>9} {:>7} {:>8} {:>10} {:>9} {:>7}  {}\n", "shape", "M", "us", "GB/s", "%copy",
-             "TFLOP/s", "cuBLAS us", "cuBLAS TF", "speedup", "path");
+  fmt::print("GPU: {}   device-to-device copy: {:.0f} GB/s (read + write)   empty kernel in a graph: {:.2f} us\n",
+             r.gpu, r.copy_gbs, r.empty_us);
+  fmt::print("{:<26} {:>5} {:>8} {:>9} {:>7} {:>8} {:>10} {:>9} {:>7} {:>8}  {}\n", "shape", "M", "us", "GB/s", "%copy",
+             "TFLOP/s", "cuBLAS us", "cuBLAS TF", "speedup", "copy us", "path");
   for (const auto& row : r.rows) {
     std::string cub = row.cublas_us > 0 ? fmt::format("{:10.2f} {:9.1f} {:6.2f}x", row.cublas_us, row.cublas_tflops,
                                                       row.speedup)
                                         : fmt::format("{:>10} {:>9} {:>7}", "-", "-", "-");
     std::string path = row.path;
     if (row.kind == "moe") path += fmt::format(" ({} experts touched)", row.experts_touched);
-    fmt::print("{:<26} {:>5} {:8.2f} {:9.0f} {:6.1f}% {:8.2f} {}  {}\n", row.name, row.M, row.us, row.gbs,
-               100.0 * row.frac_copy, row.tflops, cub, path);
+    fmt::print("{:<26} {:>5} {:8.2f} {:9.0f} {:6.1f}% {:8.2f} {} {:8.2f}  {}\n", row.name, row.M, row.us, row.gbs,
+               100.0 * row.frac_copy, row.tflops, cub, row.copy_us, path);
   }
 }
 
@@ -45,6 +46,7 @@ nlohmann::json to_json(const cm::cuda::KernelBenchResult& r) {
   nlohmann::json j;
   j["gpu"] = r.gpu;
   j["copy_gbs"] = r.copy_gbs;
+  j["empty_kernel_us"] = r.empty_us;
   j["rows"] = nlohmann::json::array();
   for (const auto& row : r.rows) {
     j["rows"].push_back({{"kind", row.kind},
@@ -55,6 +57,7 @@ nlohmann::json to_json(const cm::cuda::KernelBenchResult& r) {
                          {"K", row.K},
                          {"groups", row.groups},
                          {"us", row.us},
+                         {"copy_us", row.copy_us},
                          {"bytes", row.bytes},
                          {"gbs", row.gbs},
                          {"frac_copy", row.frac_copy},

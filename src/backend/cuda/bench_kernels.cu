@@ -32,6 +32,8 @@ __global__ void fill_bf16_kernel(__nv_bfloat16* p, int64_t n, uint64_t seed) {
   }
 }
 
+__global__ void empty_kernel() {}
+
 void fill_bf16(void* p, int64_t n, uint64_t seed) {
   fill_bf16_kernel<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
   CM_CUDA_LAUNCH("fill_bf16_kernel");
@@ -149,6 +151,7 @@ void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, d
   fill_bf16(x.get(), mmax * KX, 5);
   CM_CUDA(cudaDeviceSynchronize());
   auto h = static_cast<cublasHandle_t>(ctx.cublas());
+  double copy_us = 0;
   for (int64_t M : opt.ms) {
     KernelBenchRow r;
     r.kind = "linear";
@@ -167,6 +170,18 @@ void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, d
     r.gbs = r.bytes / (r.us * 1e-6) / 1e9;
     r.frac_copy = r.gbs / copy_gbs;
     r.tflops = flop / (r.us * 1e-6) / 1e12;
+    if (M == opt.ms.front()) {
+      // a plain copy of the weight bytes (half to half) through the same timing: what the size alone costs
+      const size_t half = ws[0].data.size() / 2;
+      copy_us = time_calls(
+          ctx,
+          [&](int i) {
+            char* d = ws[size_t(i)].data.as<char>();
+            CM_CUDA(cudaMemcpyAsync(d + half, d, half, cudaMemcpyDeviceToDevice, ctx.stream()));
+          },
+          wcopies, opt.repeats);
+    }
+    r.copy_us = copy_us;
     const float alpha = 1.f, beta = 0.f;
     const int64_t ng = N / G;
     r.cublas_us = time_calls(
@@ -255,6 +270,13 @@ KernelBenchResult run_kernel_bench(const KernelBenchOptions& opt) {
   KernelBenchResult res;
   res.gpu = prop.name;
   res.copy_gbs = copy_bandwidth(ctx);
+  res.empty_us = time_calls(
+      ctx,
+      [&](int) {
+        empty_kernel<<<1, 32, 0, ctx.stream()>>>();
+        CM_CUDA_LAUNCH("empty_kernel");
+      },
+      1, opt.repeats);
   for (const Shape& s : kShapes) {
     if (!opt.only.empty() && std::string(s.name).find(opt.only) == std::string::npos) continue;
     bench_linear(ctx, opt, s, res.copy_gbs, res);

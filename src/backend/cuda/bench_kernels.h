@@ -22,6 +22,7 @@ struct KernelBenchRow {
   int64_t M = 0, N = 0, K = 0;
   int groups = 1;
   double us = 0;         // median time per call
+  double copy_us = 0;    // cudaMemcpy D2D of the same weight bytes, same rotation (per-size copy floor)
   double bytes = 0;      // bytes the call must move (weights + activations + output)
   double gbs = 0;        // bytes / time
   double frac_copy = 0;  // gbs / same-run copy bandwidth
@@ -33,6 +34,7 @@ struct KernelBenchRow {
 struct KernelBenchResult {
   std::string gpu;
   double copy_gbs = 0;  // device-to-device copy, bytes read + written per second
+  double empty_us = 0;  // an empty kernel in the same graph setup: the per-launch floor
   std::vector<KernelBenchRow> rows;
 };
 

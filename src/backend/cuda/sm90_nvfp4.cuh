@@ -84,47 +84,75 @@ __device__ __forceinline__ void chunk_mma(const uint4& wv, uint32_t sv, const ui
   }
 }
 
+// Registers for U chunks of NW weight matrices and their activations.
+template <int MT, int U, int NW>
+struct ChunkBatch {
+  uint4 wv[U][NW];
+  uint32_t sv[U][NW];
+  uint4 xv[U][MT][2];
+};
+
+template <int MT, int U, int NW>
+__device__ __forceinline__ void load_batch(ChunkBatch<MT, U, NW>& b, const uint4* const (&wb)[NW],
+                                           const uint16_t* const (&sb)[NW], const __nv_bfloat16* const (&xrow)[MT],
+                                           const bool (&xok)[MT], int64_t c0, int64_t c_end, int64_t cstep, int64_t K,
+                                           int t) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t c = c0 + cstep * u;
+    const bool cin = c < c_end;
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+      b.wv[u][m] = cin ? ld_stream(wb[m] + c * 32) : make_uint4(0, 0, 0, 0);
+      b.sv[u][m] = cin ? uint32_t(sb[m][c * 32]) : 0u;
+    }
+    const bool kin = cin && (c * 64 + 16 * t < K);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if (kin && xok[mt]) {
+        const uint4* xp = reinterpret_cast<const uint4*>(xrow[mt] + c * 64);
+        b.xv[u][mt][0] = __ldg(xp);
+        b.xv[u][mt][1] = __ldg(xp + 1);
+      } else {
+        b.xv[u][mt][0] = b.xv[u][mt][1] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+}
+
+template <int MT, int U, int NW>
+__device__ __forceinline__ void compute_batch(const ChunkBatch<MT, U, NW>& b, int64_t c0, int64_t c_end, int64_t cstep,
+                                              float (&acc)[NW][MT][4]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (c0 + cstep * u < c_end) {
+#pragma unroll
+      for (int m = 0; m < NW; ++m) chunk_mma<MT>(b.wv[u][m], b.sv[u][m], b.xv[u], acc[m]);
+    }
+}
+
 // One warp's walk over chunks c_first, c_first+cstep, ... < c_end of NW
 // weight matrices that share the activations (NW = 2: fused gate/up).
-// U chunks' loads are issued before any is expanded. wb/sb point at the row
-// block's first chunk (already offset by lane / by g*4+t); xrow at the
-// token's first activation of this lane (k = 16t).
+// Software pipelined: the loads of the next U chunks are issued before the
+// current U chunks are expanded and multiplied, so 2U chunks are in flight.
+// wb/sb point at the row block's first chunk (already offset by lane / by
+// g*4+t); xrow at the token's first activation of this lane (k = 16t).
 template <int MT, int U, int NW>
 __device__ __forceinline__ void warp_kloop(const uint4* const (&wb)[NW], const uint16_t* const (&sb)[NW],
                                            const __nv_bfloat16* const (&xrow)[MT], const bool (&xok)[MT],
                                            int64_t c_first, int64_t c_end, int64_t cstep, int64_t K, int t,
                                            float (&acc)[NW][MT][4]) {
-  for (int64_t c0 = c_first; c0 < c_end; c0 += cstep * U) {
-    uint4 wv[U][NW];
-    uint32_t sv[U][NW];
-    uint4 xv[U][MT][2];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t c = c0 + cstep * u;
-      const bool cin = c < c_end;
-#pragma unroll
-      for (int m = 0; m < NW; ++m) {
-        wv[u][m] = cin ? ld_stream(wb[m] + c * 32) : make_uint4(0, 0, 0, 0);
-        sv[u][m] = cin ? uint32_t(sb[m][c * 32]) : 0u;
-      }
-      const bool kin = cin && (c * 64 + 16 * t < K);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if (kin && xok[mt]) {
-          const uint4* xp = reinterpret_cast<const uint4*>(xrow[mt] + c * 64);
-          xv[u][mt][0] = __ldg(xp);
-          xv[u][mt][1] = __ldg(xp + 1);
-        } else {
-          xv[u][mt][0] = xv[u][mt][1] = make_uint4(0, 0, 0, 0);
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (c0 + cstep * u < c_end) {
-#pragma unroll
-        for (int m = 0; m < NW; ++m) chunk_mma<MT>(wv[u][m], sv[u][m], xv[u], acc[m]);
-      }
+  if (c_first >= c_end) return;
+  const int64_t step = cstep * U;
+  ChunkBatch<MT, U, NW> a, b;
+  load_batch(a, wb, sb, xrow, xok, c_first, c_end, cstep, K, t);
+  for (int64_t c0 = c_first;; c0 += 2 * step) {
+    if (c0 + step < c_end) load_batch(b, wb, sb, xrow, xok, c0 + step, c_end, cstep, K, t);
+    compute_batch(a, c0, c_end, cstep, acc);
+    if (c0 + step >= c_end) break;
+    if (c0 + 2 * step < c_end) load_batch(a, wb, sb, xrow, xok, c0 + 2 * step, c_end, cstep, K, t);
+    compute_batch(b, c0 + step, c_end, cstep, acc);
+    if (c0 + 2 * step >= c_end) break;
   }
 }
 

@@ -188,10 +188,15 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
   p.ldy = ldy;
   p.y_bf16 = out == OutType::BF16;
   p.out_scale = kEpilogueFactor * w.scale_2;
-  // Split K until there are ~8 CTAs per SM, keeping >= 4 chunks (1 per warp) per CTA.
-  const int64_t target = int64_t(ctx.sm_count()) * 8;
-  int64_t ksplit = std::min<int64_t>(std::max<int64_t>(1, w.chunks / 4), (target + w.row_blocks - 1) / w.row_blocks);
-  ksplit = std::max<int64_t>(1, ksplit);
+  // Split K so that about one wave of CTAs covers the matrix, keeping at
+  // least 2 chunks per warp so the pipelined loads overlap the math.
+  static int occupancy = 0;
+  if (occupancy == 0) {
+    CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, nvfp4_decode_kernel<MT>, 128, 0));
+    occupancy = std::max(occupancy, 1);
+  }
+  const int64_t target = int64_t(ctx.sm_count()) * occupancy;
+  int64_t ksplit = std::clamp<int64_t>(target / w.row_blocks, 1, std::max<int64_t>(1, w.chunks / 8));
   const int64_t per = (w.chunks + ksplit - 1) / ksplit;
   ksplit = (w.chunks + per - 1) / per;
   p.ksplit = int(ksplit);

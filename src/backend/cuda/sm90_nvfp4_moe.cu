@@ -112,9 +112,10 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeParams p) {
   }
 }
 
-constexpr int kMT = 2;  // 16 tokens per pass
-
+// kMT: 8*kMT tokens per pass (1 when no expert can have more than 8 tokens).
+template <int kMT>
 __global__ void __launch_bounds__(128) moe_gate_up_kernel(const MoeParams p) {
+  constexpr int U = kMT == 1 ? 2 : 1;
   using namespace sm90;
   {  // zero y for the down kernel's atomics
     const int64_t nthreads = int64_t(gridDim.x) * gridDim.y * blockDim.x;
@@ -142,7 +143,7 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(const MoeParams p) {
       xrow[mt] = p.x + int64_t(xok[mt] ? p.sorted_tok[off + n] : 0) * p.hidden + 16 * t;
     }
     float acc[2][kMT][4] = {};
-    warp_kloop<kMT, 2, 2>(wb, sb, xrow, xok, warp, p.ch13, 4, p.hidden, t, acc);
+    warp_kloop<kMT, U, 2>(wb, sb, xrow, xok, warp, p.ch13, 4, p.hidden, t, acc);
     float gv[kMT], uv[kMT];
     reduce_warps<kMT>(acc[0], red, gv);
     reduce_warps<kMT>(acc[1], red, uv);
@@ -160,7 +161,9 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(const MoeParams p) {
   }
 }
 
+template <int kMT>
 __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
+  constexpr int U = kMT == 1 ? 4 : 2;
   using namespace sm90;
   const int slot = blockIdx.y;
   if (slot >= p.offsets[p.count + 1]) return;
@@ -183,7 +186,7 @@ __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
       xrow[mt] = p.h + int64_t(off + (xok[mt] ? n : 0)) * p.inter + 16 * t;
     }
     float acc[1][kMT][4] = {};
-    warp_kloop<kMT, 4, 1>(wb, sb, xrow, xok, warp, p.ch2, 4, p.inter, t, acc);
+    warp_kloop<kMT, U, 1>(wb, sb, xrow, xok, warp, p.ch2, 4, p.inter, t, acc);
     float vals[kMT];
     reduce_warps<kMT>(acc[0], red, vals);
 #pragma unroll
@@ -300,9 +303,17 @@ void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16
   const unsigned max_active = unsigned(std::min<int64_t>(int64_t(T) * s.topk, e.count));
   moe_route_kernel<<<1, 1024, 0, ctx.stream()>>>(p);
   CM_CUDA_LAUNCH("moe_route_kernel");
-  moe_gate_up_kernel<<<dim3(unsigned(e.inter / 16), max_active), 128, 0, ctx.stream()>>>(p);
-  CM_CUDA_LAUNCH("moe_gate_up_kernel");
-  moe_down_kernel<<<dim3(unsigned(e.hidden / 16), max_active), 128, 0, ctx.stream()>>>(p);
+  const dim3 g1(unsigned(e.inter / 16), max_active), g2(unsigned(e.hidden / 16), max_active);
+  // An expert holds at most T*topk tokens: with <= 8 one 8-token pass suffices.
+  if (int64_t(T) * s.topk <= 8) {
+    moe_gate_up_kernel<1><<<g1, 128, 0, ctx.stream()>>>(p);
+    CM_CUDA_LAUNCH("moe_gate_up_kernel");
+    moe_down_kernel<1><<<g2, 128, 0, ctx.stream()>>>(p);
+  } else {
+    moe_gate_up_kernel<2><<<g1, 128, 0, ctx.stream()>>>(p);
+    CM_CUDA_LAUNCH("moe_gate_up_kernel");
+    moe_down_kernel<2><<<g2, 128, 0, ctx.stream()>>>(p);
+  }
   CM_CUDA_LAUNCH("moe_down_kernel");
 }
 
