@@ -40,34 +40,37 @@ struct DecodeParams {
 constexpr int kWarps = 4;
 
 template <int MT>
-struct Unroll {
-  static constexpr int value = MT == 1 ? 4 : 2;
-};
+constexpr int decode_smem_bytes() {
+  return kWarps * sm90::Pipe<MT, 1>::kWarpBytes;
+}
 
 template <int MT>
 __global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p) {
   using namespace sm90;
-  constexpr int U = Unroll<MT>::value;
+  extern __shared__ __align__(16) uint8_t dsmem[];
   const int rb = blockIdx.x, split = blockIdx.y;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   const int64_t c_begin = int64_t(split) * p.chunks_per_split;
   const int64_t c_end = min(p.chunks, c_begin + p.chunks_per_split);
-  const int64_t xcol = int64_t(rb * 16 / p.rows_per_group) * p.K + 16 * t;
+  const int64_t xcol = int64_t(rb * 16 / p.rows_per_group) * p.K + (lane & 7) * 8;
 
-  const uint4* const wb[1] = {p.w + int64_t(rb) * p.chunks * 32 + lane};
-  const uint16_t* const sb[1] = {p.s + int64_t(rb) * p.chunks * 32 + g * 4 + t};
-  const __nv_bfloat16* xrow[MT];
-  bool xok[MT];
+  const uint4* const wb[1] = {p.w + int64_t(rb) * p.chunks * 32};
+  const uint8_t* const sb[1] = {reinterpret_cast<const uint8_t*>(p.s) + int64_t(rb) * p.chunks * 64};
+  const __nv_bfloat16* xl[2 * MT];
+  bool xl_ok[2 * MT], xok[MT];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int tok = g + 8 * mt;
-    xok[mt] = tok < p.M;
-    xrow[mt] = p.x + int64_t(xok[mt] ? tok : 0) * p.ldx + xcol;
+  for (int r = 0; r < 2 * MT; ++r) {
+    const int row = (lane >> 3) + 4 * r;
+    xl_ok[r] = row < p.M;
+    xl[r] = p.x + int64_t(xl_ok[r] ? row : 0) * p.ldx + xcol;
   }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) xok[mt] = g + 8 * mt < p.M;
   float acc[1][MT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) acc[0][mt][0] = acc[0][mt][1] = acc[0][mt][2] = acc[0][mt][3] = 0.f;
-  warp_kloop<MT, U, 1>(wb, sb, xrow, xok, c_begin + warp, c_end, kWarps, p.K, t, acc);
+  warp_kloop<MT, 1>(dsmem + warp * Pipe<MT, 1>::kWarpBytes, wb, sb, xl, xl_ok, xok, c_begin + warp, c_end, kWarps,
+                    p.K, acc);
 
   __shared__ float red[kWarps * 8 * MT * 16];
   float vals[MT];
@@ -190,9 +193,11 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
   p.out_scale = kEpilogueFactor * w.scale_2;
   // Split K so that about one wave of CTAs covers the matrix, keeping at
   // least 2 chunks per warp so the pipelined loads overlap the math.
+  constexpr int smem = decode_smem_bytes<MT>();
   static int occupancy = 0;
   if (occupancy == 0) {
-    CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, nvfp4_decode_kernel<MT>, 128, 0));
+    CM_CUDA(cudaFuncSetAttribute(nvfp4_decode_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, nvfp4_decode_kernel<MT>, 128, smem));
     occupancy = std::max(occupancy, 1);
   }
   const int64_t target = int64_t(ctx.sm_count()) * occupancy;
@@ -206,7 +211,7 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
     p.counters = ctx.splitk_counters(size_t(w.row_blocks));
   }
   dim3 grid(unsigned(w.row_blocks), unsigned(ksplit));
-  nvfp4_decode_kernel<MT><<<grid, 128, 0, ctx.stream()>>>(p);
+  nvfp4_decode_kernel<MT><<<grid, 128, smem, ctx.stream()>>>(p);
   CM_CUDA_LAUNCH("nvfp4_decode_kernel");
 }
 
