@@ -131,7 +131,9 @@ TEST(GpuNvfp4Linear, OddSmallShapes) {
   cuda::Context ctx;
   const std::vector<int64_t> ms = {1, 2, 7, 8, 9, 16, 17, 31, 40, 64, 65, 100};
   for (const Case& c : {Case{16, 16, 1, ms}, Case{3, 64, 1, ms}, Case{17, 48, 1, ms}, Case{40, 80, 1, ms},
-                        Case{100, 1008, 1, ms}, Case{64, 4096, 2, ms}})
+                        Case{100, 1008, 1, ms}, Case{64, 4096, 2, ms},
+                        // > 1056 row blocks: the one-row-block-per-warp variant, ragged N and K
+                        Case{16900, 80, 1, {1, 9, 20}}})
     run_case(ctx, c, uint64_t(c.N * 131 + c.K));
 }
 

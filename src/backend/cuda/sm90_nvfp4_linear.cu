@@ -44,12 +44,27 @@ constexpr int decode_smem_bytes() {
   return kWarps * sm90::Pipe<MT, 1>::kWarpBytes;
 }
 
-template <int MT>
+__device__ __forceinline__ void store_out(const DecodeParams& p, int tok, int n, float acc) {
+  if (tok < p.M && n < p.N) {
+    const float out = acc * p.out_scale;
+    if (p.y_bf16)
+      static_cast<__nv_bfloat16*>(p.y)[int64_t(tok) * p.ldy + n] = __float2bfloat16_rn(out);
+    else
+      static_cast<float*>(p.y)[int64_t(tok) * p.ldy + n] = out;
+  }
+}
+
+// RPW = false: the CTA's 4 warps split the K range of one row block and
+//   reduce through shared memory (plus split-K across CTAs).
+// RPW = true (many row blocks): each warp streams the whole K of its own row
+//   block and writes its outputs straight from the mma fragments.
+template <int MT, bool RPW>
 __global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p) {
   using namespace sm90;
   extern __shared__ __align__(16) uint8_t dsmem[];
-  const int rb = blockIdx.x, split = blockIdx.y;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int rb = RPW ? blockIdx.x * kWarps + warp : blockIdx.x, split = blockIdx.y;
+  if (RPW && rb >= p.row_blocks) return;
   const int64_t c_begin = int64_t(split) * p.chunks_per_split;
   const int64_t c_end = min(p.chunks, c_begin + p.chunks_per_split);
   const int64_t xcol = int64_t(rb * 16 / p.rows_per_group) * p.K + (lane & 7) * 8;
@@ -69,8 +84,19 @@ __global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p)
   float acc[1][MT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) acc[0][mt][0] = acc[0][mt][1] = acc[0][mt][2] = acc[0][mt][3] = 0.f;
-  warp_kloop<MT, 1>(dsmem + warp * Pipe<MT, 1>::kWarpBytes, wb, sb, xl, xl_ok, xok, c_begin + warp, c_end, kWarps,
-                    p.K, acc);
+  warp_kloop<MT, 1>(dsmem + warp * Pipe<MT, 1>::kWarpBytes, wb, sb, xl, xl_ok, xok, c_begin + (RPW ? 0 : warp), c_end,
+                    RPW ? 1 : kWarps, p.K, acc);
+  if (RPW) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int tok = 8 * mt + 2 * t, n = rb * 16 + g;
+      store_out(p, tok, n, acc[0][mt][0]);
+      store_out(p, tok + 1, n, acc[0][mt][1]);
+      store_out(p, tok, n + 8, acc[0][mt][2]);
+      store_out(p, tok + 1, n + 8, acc[0][mt][3]);
+    }
+    return;
+  }
 
   __shared__ float red[kWarps * 8 * MT * 16];
   float vals[MT];
@@ -100,14 +126,7 @@ __global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p)
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
     const int v = threadIdx.x + 128 * i;
-    const int tok = v / 16, n = rb * 16 + v % 16;
-    if (tok < p.M && n < p.N) {
-      const float out = vals[i] * p.out_scale;
-      if (p.y_bf16)
-        static_cast<__nv_bfloat16*>(p.y)[int64_t(tok) * p.ldy + n] = __float2bfloat16_rn(out);
-      else
-        static_cast<float*>(p.y)[int64_t(tok) * p.ldy + n] = out;
-    }
+    store_out(p, v / 16, rb * 16 + v % 16, vals[i]);
   }
 }
 
@@ -191,16 +210,25 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
   p.ldy = ldy;
   p.y_bf16 = out == OutType::BF16;
   p.out_scale = kEpilogueFactor * w.scale_2;
-  // Split K so that about one wave of CTAs covers the matrix, keeping at
-  // least 2 chunks per warp so the pipelined loads overlap the math.
   constexpr int smem = decode_smem_bytes<MT>();
   static int occupancy = 0;
   if (occupancy == 0) {
-    CM_CUDA(cudaFuncSetAttribute(nvfp4_decode_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, nvfp4_decode_kernel<MT>, 128, smem));
+    for (auto k : {nvfp4_decode_kernel<MT, false>, nvfp4_decode_kernel<MT, true>})
+      CM_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, nvfp4_decode_kernel<MT, false>, 128, smem));
     occupancy = std::max(occupancy, 1);
   }
-  const int64_t target = int64_t(ctx.sm_count()) * occupancy;
+  const int64_t target = int64_t(ctx.sm_count()) * occupancy;  // CTAs in one wave
+  if (w.row_blocks >= 2 * target) {
+    // Enough row blocks for every warp of a full wave: one row block per warp, no split.
+    p.ksplit = 1;
+    p.chunks_per_split = int(w.chunks);
+    nvfp4_decode_kernel<MT, true><<<unsigned((w.row_blocks + kWarps - 1) / kWarps), 128, smem, ctx.stream()>>>(p);
+    CM_CUDA_LAUNCH("nvfp4_decode_kernel");
+    return;
+  }
+  // Split K so that about one wave of CTAs covers the matrix, keeping at
+  // least 2 chunks per warp.
   int64_t ksplit = std::clamp<int64_t>(target / w.row_blocks, 1, std::max<int64_t>(1, w.chunks / 8));
   const int64_t per = (w.chunks + ksplit - 1) / ksplit;
   ksplit = (w.chunks + per - 1) / per;
@@ -211,7 +239,7 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
     p.counters = ctx.splitk_counters(size_t(w.row_blocks));
   }
   dim3 grid(unsigned(w.row_blocks), unsigned(ksplit));
-  nvfp4_decode_kernel<MT><<<grid, 128, smem, ctx.stream()>>>(p);
+  nvfp4_decode_kernel<MT, false><<<grid, 128, smem, ctx.stream()>>>(p);
   CM_CUDA_LAUNCH("nvfp4_decode_kernel");
 }
 
