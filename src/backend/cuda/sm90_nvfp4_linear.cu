@@ -1,12 +1,15 @@
 // NVFP4 linear kernels for Hopper (see cuda_linear.h).
 //
-// Decode kernel: one CTA (4 warps) owns a 16-row block and a K range; each
-// warp walks 64-wide chunks of that range, issuing the 16-byte weight loads
-// of several chunks before expanding any of them, so many loads are in
-// flight per SM. The 4 warps reduce through shared memory; when K is split
-// across CTAs (small N) each CTA writes its partial tile and the last CTA to
-// arrive for that row block sums the partials in a fixed order (deterministic)
-// and writes the output, so a whole linear is one launch.
+// Decode kernel: each warp streams 64-wide K chunks of a 16-row block
+// through a private cp.async shared-memory ring (weights, scales and the
+// activation rows of up to 7 chunks in flight, no registers held by the
+// loads), expands E2M1 to BF16 in registers and runs mma.sync m16n8k16 with
+// the tokens as the 8-wide N side. With few row blocks the 4 warps of a CTA
+// split one row block's K and reduce through shared memory; when K is also
+// split across CTAs each writes its partial tile and the last CTA to arrive
+// sums the partials in a fixed order (deterministic) and writes the output,
+// so a whole linear is one launch. With many row blocks each warp owns a row
+// block and writes straight from its fragments.
 #include <cublas_v2.h>
 
 #include <algorithm>
