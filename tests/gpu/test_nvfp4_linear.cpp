@@ -70,13 +70,16 @@ void run_case(cuda::Context& ctx, const Case& c, uint64_t seed) {
     const std::vector<float> ref = reference(w, c.groups, xf, M);
     cuda::DeviceBuffer dx(xb.size() * 2);
     dx.upload(xb.data(), xb.size() * 2);
-    for (cuda::OutType ot : {cuda::OutType::F32, cuda::OutType::BF16}) {
+    // (output type, split-K through cluster shared memory or through global memory)
+    for (auto [ot, cluster] : {std::pair{cuda::OutType::F32, true}, std::pair{cuda::OutType::BF16, true},
+                               std::pair{cuda::OutType::F32, false}}) {
+      SCOPED_TRACE(cluster ? "cluster split-K" : "global split-K");
       const size_t es = ot == cuda::OutType::F32 ? 4 : 2;
       const int64_t ldy = c.N + 8;  // 8 canary columns after each row
       const size_t pad = 4096, body = size_t(M * ldy) * es;
       cuda::DeviceBuffer dy(pad + body + pad);
       CM_CUDA(cudaMemset(dy.get(), 0xA5, dy.size()));
-      cuda::linear_nvfp4(ctx, dw, dx.as<const uint16_t>(), M, KX, dy.as<char>() + pad, ldy, ot);
+      cuda::linear_nvfp4(ctx, dw, dx.as<const uint16_t>(), M, KX, dy.as<char>() + pad, ldy, ot, 64, cluster);
       ctx.sync();
       std::vector<uint8_t> raw(dy.size());
       dy.download(raw.data(), raw.size());

@@ -10,6 +10,7 @@
 // sums the partials in a fixed order (deterministic) and writes the output,
 // so a whole linear is one launch. With many row blocks each warp owns a row
 // block and writes straight from its fragments.
+#include <cooperative_groups.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -38,7 +39,10 @@ struct DecodeParams {
   int chunks_per_split;
   float* partials;
   unsigned* counters;
+  int cluster;  // split-K CTAs form one thread-block cluster and reduce through distributed shared memory
 };
+
+constexpr int kMaxClusterSplit = 8;
 
 constexpr int kWarps = 4;
 
@@ -105,7 +109,24 @@ __global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p)
   float vals[MT];
   reduce_warps<MT>(acc[0], red, vals);
 
-  if (p.ksplit > 1) {
+  if (p.ksplit > 1 && p.cluster) {
+    // The ksplit CTAs of this row block are one cluster: each stores its tile
+    // into the leader's shared memory, the leader sums them in split order.
+    __shared__ float cl_red[kMaxClusterSplit * 128 * MT];
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    float* dst = cl.map_shared_rank(cl_red, 0);
+#pragma unroll
+    for (int i = 0; i < MT; ++i) dst[split * 128 * MT + threadIdx.x + 128 * i] = vals[i];
+    cl.sync();
+    if (split != 0) return;
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      float s = 0.f;
+      for (int sp = 0; sp < p.ksplit; ++sp) s += cl_red[sp * 128 * MT + threadIdx.x + 128 * i];
+      vals[i] = s;
+    }
+  } else if (p.ksplit > 1) {
     float* part = p.partials + (int64_t(split) * p.row_blocks + rb) * (128 * MT);
 #pragma unroll
     for (int i = 0; i < MT; ++i) part[threadIdx.x + 128 * i] = vals[i];
@@ -197,7 +218,7 @@ __global__ void random_fill_kernel(uint32_t* data, int64_t words, uint16_t* scal
 
 template <int MT>
 void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
-                   OutType out) {
+                   OutType out, bool cluster) {
   DecodeParams p{};
   p.w = w.data.as<const uint4>();
   p.s = w.scales.as<const uint16_t>();
@@ -233,15 +254,33 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
   // Split K so that about one wave of CTAs covers the matrix, keeping at
   // least 2 chunks per warp.
   int64_t ksplit = std::clamp<int64_t>(target / w.row_blocks, 1, std::max<int64_t>(1, w.chunks / 8));
+  if (cluster) ksplit = std::min<int64_t>(ksplit, kMaxClusterSplit);
   const int64_t per = (w.chunks + ksplit - 1) / ksplit;
   ksplit = (w.chunks + per - 1) / per;
   p.ksplit = int(ksplit);
   p.chunks_per_split = int(per);
+  const dim3 grid(unsigned(w.row_blocks), unsigned(ksplit));
+  if (ksplit > 1 && cluster) {
+    p.cluster = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = ctx.stream();
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = unsigned(ksplit);
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CM_CUDA(cudaLaunchKernelEx(&cfg, nvfp4_decode_kernel<MT, false>, p));
+    return;
+  }
   if (ksplit > 1) {
     p.partials = ctx.splitk_partials(size_t(ksplit * w.row_blocks * 128 * MT));
     p.counters = ctx.splitk_counters(size_t(w.row_blocks));
   }
-  dim3 grid(unsigned(w.row_blocks), unsigned(ksplit));
   nvfp4_decode_kernel<MT, false><<<grid, 128, smem, ctx.stream()>>>(p);
   CM_CUDA_LAUNCH("nvfp4_decode_kernel");
 }
@@ -304,7 +343,7 @@ void dequant_nvfp4_bf16(Context& ctx, const DeviceLinear& w, int64_t row0, int64
 }
 
 void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
-                  OutType out, int64_t decode_max_m) {
+                  OutType out, int64_t decode_max_m, bool cluster_splitk) {
   CM_CU_CHECK(ldx >= w.groups * w.K && ldy >= w.N, "linear '%s': leading dimensions too small", w.name.c_str());
   CM_CU_CHECK((ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0,
               "linear '%s': activations must be 16-byte aligned rows", w.name.c_str());
@@ -315,9 +354,9 @@ void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_
       const int64_t mm = std::min<int64_t>(32, M - m0);
       const uint16_t* xs = x + m0 * ldx;
       void* ys = static_cast<char*>(y) + size_t(m0 * ldy) * esize;
-      if (mm <= 8) launch_decode<1>(ctx, w, xs, mm, ldx, ys, ldy, out);
-      else if (mm <= 16) launch_decode<2>(ctx, w, xs, mm, ldx, ys, ldy, out);
-      else launch_decode<4>(ctx, w, xs, mm, ldx, ys, ldy, out);
+      if (mm <= 8) launch_decode<1>(ctx, w, xs, mm, ldx, ys, ldy, out, cluster_splitk);
+      else if (mm <= 16) launch_decode<2>(ctx, w, xs, mm, ldx, ys, ldy, out, cluster_splitk);
+      else launch_decode<4>(ctx, w, xs, mm, ldx, ys, ldy, out, cluster_splitk);
     }
     return;
   }
