@@ -163,7 +163,7 @@ void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, d
     r.path = M <= 64 ? "mma.sync decode" : "dequant+cuBLAS";
     const uint16_t* xp = x.as<const uint16_t>();
     r.us = time_calls(
-        ctx, [&](int i) { linear_nvfp4(ctx, ws[size_t(i)], xp, M, KX, y.get(), N, OutType::BF16, 64, opt.cluster_splitk); }, wcopies,
+        ctx, [&](int i) { linear_nvfp4(ctx, ws[size_t(i)], xp, M, KX, y.get(), N, OutType::BF16); }, wcopies,
         opt.repeats);
     const double flop = 2.0 * double(M) * double(N) * double(K);
     r.bytes = double(ws[0].device_bytes()) + double(M * KX) * 2 + double(M * N) * 2;

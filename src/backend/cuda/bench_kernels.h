@@ -13,7 +13,6 @@ struct KernelBenchOptions {
   std::vector<int> moe_tokens{1, 16, 256};
   std::string only;  // substring filter on shape names ("" = all)
   int repeats = 7;   // timed graph launches per measurement (median reported)
-  bool cluster_splitk = true;  // split-K reduction through cluster shared memory (else global memory)
 };
 
 struct KernelBenchRow {

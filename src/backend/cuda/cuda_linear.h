@@ -39,10 +39,8 @@ void fill_random_packed(void* data, size_t data_bytes, void* scales, size_t scal
 
 // y[m * ldy + n] for m < M, n < N. x: bf16 [M, ldx] (ldx >= groups*K), device pointers.
 // decode_max_m: largest M served by the decode kernel (else dequant + cuBLAS).
-// cluster_splitk: reduce split-K partials through a thread-block cluster's
-// distributed shared memory (else through global memory and a counter).
 void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
-                  int64_t ldy, OutType out, int64_t decode_max_m = 64, bool cluster_splitk = true);
+                  int64_t ldy, OutType out, int64_t decode_max_m = 64);
 
 // Expands W to bf16 [N, K] row-major, values exact (includes scale_2 only if apply_scale_2).
 void dequant_nvfp4_bf16(Context& ctx, const DeviceLinear& w, int64_t row0, int64_t rows, uint16_t* out,

@@ -84,95 +84,87 @@ __device__ __forceinline__ void chunk_mma(const uint4& wv, uint32_t sv, const ui
   }
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes = 16) {
-  const uint32_t d = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+// Registers for U chunks of NW weight matrices and their activations.
+template <int MT, int U, int NW>
+struct ChunkBatch {
+  uint4 wv[U][NW];
+  uint32_t sv[U][NW];
+  uint4 xv[U][MT][2];
+};
+
+template <int MT, int U, int NW>
+__device__ __forceinline__ void load_batch(ChunkBatch<MT, U, NW>& b, const uint4* const (&wb)[NW],
+                                           const uint16_t* const (&sb)[NW], const __nv_bfloat16* const (&xrow)[MT],
+                                           const bool (&xok)[MT], int64_t c0, int64_t c_end, int64_t cstep, int64_t K,
+                                           int t) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t c = c0 + cstep * u;
+    const bool cin = c < c_end;
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+      b.wv[u][m] = cin ? ld_stream(wb[m] + c * 32) : make_uint4(0, 0, 0, 0);
+      b.sv[u][m] = cin ? uint32_t(sb[m][c * 32]) : 0u;
+    }
+    const bool kin = cin && (c * 64 + 16 * t < K);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if (kin && xok[mt]) {
+        const uint4* xp = reinterpret_cast<const uint4*>(xrow[mt] + c * 64);
+        b.xv[u][mt][0] = __ldg(xp);
+        b.xv[u][mt][1] = __ldg(xp + 1);
+      } else {
+        b.xv[u][mt][0] = b.xv[u][mt][1] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
 }
 
-// Per-warp shared-memory ring of a chunk pipeline: NW weight chunks (512 B
-// each), their scales (64 B each) and 8*MT activation rows of 64 k (rows
-// padded to 144 B so the 8 rows a fragment read touches hit different banks).
-template <int MT, int NW>
-struct Pipe {
-  static constexpr int kXRow = 144;
-  static constexpr int kW = 512 * NW, kS = 64 * NW, kX = 8 * MT * kXRow;
-  static constexpr int kStage = kW + kS + kX;
-  static constexpr int kStages = kStage * 8 <= 13312 ? 8 : (13312 / kStage < 3 ? 3 : 13312 / kStage);
-  static constexpr int kWarpBytes = kStage * kStages;
-};
+template <int MT, int U, int NW>
+__device__ __forceinline__ void compute_batch(const ChunkBatch<MT, U, NW>& b, int64_t c0, int64_t c_end, int64_t cstep,
+                                              float (&acc)[NW][MT][4]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (c0 + cstep * u < c_end) {
+#pragma unroll
+      for (int m = 0; m < NW; ++m) chunk_mma<MT>(b.wv[u][m], b.sv[u][m], b.xv[u], acc[m]);
+    }
+}
 
 // One warp's walk over chunks c_first, c_first+cstep, ... < c_end of NW
 // weight matrices that share the activations (NW = 2: fused gate/up).
-// Weights, scales and activations of the next kStages-1 chunks are in flight
-// through cp.async (no registers held), so each warp keeps several KB of
-// loads outstanding; the math of a chunk reads shared memory.
-// wb/sb: the row block's chunk 0 (weights as uint4, scales as bytes).
-// xl[i]: this lane's activation row for smem row lane/8 + 4i, already offset
-// by its 16-byte segment (lane%8)*8 elements; xl_ok[i] false for rows
-// without a token. xok[mt]: token g + 8mt exists (fragment reads).
-template <int MT, int NW>
-__device__ __forceinline__ void warp_kloop(uint8_t* smem, const uint4* const (&wb)[NW], const uint8_t* const (&sb)[NW],
-                                           const __nv_bfloat16* const (&xl)[2 * MT], const bool (&xl_ok)[2 * MT],
-                                           const bool (&xok)[MT], int64_t c_first, int64_t c_end, int64_t cstep,
-                                           int64_t K, float (&acc)[NW][MT][4]) {
-  using P = Pipe<MT, NW>;
-  constexpr int S = P::kStages;
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, seg = lane & 7;
-  const int n = c_first < c_end ? int((c_end - c_first + cstep - 1) / cstep) : 0;
-  auto issue = [&](int i) {
-    const int64_t c = c_first + int64_t(i) * cstep;
-    uint8_t* st = smem + (i % S) * P::kStage;
-    if (i < n) {
-#pragma unroll
-      for (int m = 0; m < NW; ++m) cp_async16(st + m * 512 + lane * 16, wb[m] + c * 32 + lane);
-      if (lane < 4 * NW) {
-        const uint8_t* sp = sb[0];
-#pragma unroll
-        for (int m = 1; m < NW; ++m)
-          if ((lane >> 2) == m) sp = sb[m];
-        cp_async16(st + P::kW + lane * 16, sp + c * 64 + (lane & 3) * 16);
-      }
-      const bool kin = c * 64 + seg * 8 < K;
-#pragma unroll
-      for (int r = 0; r < 2 * MT; ++r)
-        if (xl_ok[r]) cp_async16(st + P::kW + P::kS + ((lane >> 3) + 4 * r) * P::kXRow + seg * 16, xl[r] + (kin ? c * 64 : 0),
-                                 kin ? 16 : 0);
+// PIPE: software pipelined, the loads of the next U chunks are issued before
+// the current U chunks are expanded and multiplied (2U chunks in flight, more
+// registers, fewer resident warps). !PIPE: U chunks in flight, lower register
+// use and more resident warps; measured faster when there are many row blocks
+// (one pass over a large matrix) and for the MoE kernels.
+// wb/sb point at the row block's first chunk (already offset by lane / by
+// g*4+t); xrow at the token's first activation of this lane (k = 16t).
+template <int MT, int U, int NW, bool PIPE>
+__device__ __forceinline__ void warp_kloop(const uint4* const (&wb)[NW], const uint16_t* const (&sb)[NW],
+                                           const __nv_bfloat16* const (&xrow)[MT], const bool (&xok)[MT],
+                                           int64_t c_first, int64_t c_end, int64_t cstep, int64_t K, int t,
+                                           float (&acc)[NW][MT][4]) {
+  if (c_first >= c_end) return;
+  const int64_t step = cstep * U;
+  if constexpr (!PIPE) {
+    for (int64_t c0 = c_first; c0 < c_end; c0 += step) {
+      ChunkBatch<MT, U, NW> a;
+      load_batch(a, wb, sb, xrow, xok, c0, c_end, cstep, K, t);
+      compute_batch(a, c0, c_end, cstep, acc);
     }
-    cp_async_commit();
-  };
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i) issue(i);
-  for (int i = 0; i < n; ++i) {
-    cp_async_wait<S - 2>();
-    __syncwarp();
-    const uint8_t* st = smem + (i % S) * P::kStage;
-    uint4 xv[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      if (xok[mt]) {
-        const uint4* xp = reinterpret_cast<const uint4*>(st + P::kW + P::kS + (g + 8 * mt) * P::kXRow + 32 * t);
-        xv[mt][0] = xp[0];
-        xv[mt][1] = xp[1];
-      } else {
-        xv[mt][0] = xv[mt][1] = make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < NW; ++m) {
-      const uint4 wv = reinterpret_cast<const uint4*>(st + m * 512)[lane];
-      const uint32_t sv = reinterpret_cast<const uint16_t*>(st + P::kW + m * 64)[g * 4 + t];
-      chunk_mma<MT>(wv, sv, xv, acc[m]);
-    }
-    __syncwarp();
-    issue(i + S - 1);
+    return;
   }
-  cp_async_wait<0>();
-  __syncwarp();
+  ChunkBatch<MT, U, NW> a, b;
+  load_batch(a, wb, sb, xrow, xok, c_first, c_end, cstep, K, t);
+  for (int64_t c0 = c_first;; c0 += 2 * step) {
+    if (c0 + step < c_end) load_batch(b, wb, sb, xrow, xok, c0 + step, c_end, cstep, K, t);
+    compute_batch(a, c0, c_end, cstep, acc);
+    if (c0 + step >= c_end) break;
+    if (c0 + 2 * step < c_end) load_batch(a, wb, sb, xrow, xok, c0 + 2 * step, c_end, cstep, K, t);
+    compute_batch(b, c0 + step, c_end, cstep, acc);
+    if (c0 + 2 * step >= c_end) break;
+  }
 }
 
 // Sums the 4 warps' accumulators of a 16-row x 8*MT-token tile. red must

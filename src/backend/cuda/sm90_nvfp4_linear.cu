@@ -1,16 +1,12 @@
 // NVFP4 linear kernels for Hopper (see cuda_linear.h).
 //
-// Decode kernel: each warp streams 64-wide K chunks of a 16-row block
-// through a private cp.async shared-memory ring (weights, scales and the
-// activation rows of up to 7 chunks in flight, no registers held by the
-// loads), expands E2M1 to BF16 in registers and runs mma.sync m16n8k16 with
-// the tokens as the 8-wide N side. With few row blocks the 4 warps of a CTA
-// split one row block's K and reduce through shared memory; when K is also
-// split across CTAs each writes its partial tile and the last CTA to arrive
-// sums the partials in a fixed order (deterministic) and writes the output,
-// so a whole linear is one launch. With many row blocks each warp owns a row
-// block and writes straight from its fragments.
-#include <cooperative_groups.h>
+// Decode kernel: one CTA (4 warps) owns a 16-row block and a K range; each
+// warp walks 64-wide chunks of that range, issuing the 16-byte weight loads
+// of several chunks before expanding any of them, so many loads are in
+// flight per SM. The 4 warps reduce through shared memory; when K is split
+// across CTAs (small N) each CTA writes its partial tile and the last CTA to
+// arrive for that row block sums the partials in a fixed order (deterministic)
+// and writes the output, so a whole linear is one launch.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -39,94 +35,47 @@ struct DecodeParams {
   int chunks_per_split;
   float* partials;
   unsigned* counters;
-  int cluster;  // split-K CTAs form one thread-block cluster and reduce through distributed shared memory
 };
-
-constexpr int kMaxClusterSplit = 8;
 
 constexpr int kWarps = 4;
 
 template <int MT>
-constexpr int decode_smem_bytes() {
-  return kWarps * sm90::Pipe<MT, 1>::kWarpBytes;
-}
+struct Unroll {
+  static constexpr int value = MT == 1 ? 4 : 2;
+};
 
-__device__ __forceinline__ void store_out(const DecodeParams& p, int tok, int n, float acc) {
-  if (tok < p.M && n < p.N) {
-    const float out = acc * p.out_scale;
-    if (p.y_bf16)
-      static_cast<__nv_bfloat16*>(p.y)[int64_t(tok) * p.ldy + n] = __float2bfloat16_rn(out);
-    else
-      static_cast<float*>(p.y)[int64_t(tok) * p.ldy + n] = out;
-  }
-}
-
-// RPW = false: the CTA's 4 warps split the K range of one row block and
-//   reduce through shared memory (plus split-K across CTAs).
-// RPW = true (many row blocks): each warp streams the whole K of its own row
-//   block and writes its outputs straight from the mma fragments.
-template <int MT, bool RPW>
+// PIPE: pipelined chunk loop (used with split-K for matrices with few row
+// blocks); !PIPE: plain loop with more resident warps (many row blocks).
+template <int MT, bool PIPE>
 __global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p) {
   using namespace sm90;
-  extern __shared__ __align__(16) uint8_t dsmem[];
+  constexpr int U = Unroll<MT>::value;
+  const int rb = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int rb = RPW ? blockIdx.x * kWarps + warp : blockIdx.x, split = blockIdx.y;
-  if (RPW && rb >= p.row_blocks) return;
   const int64_t c_begin = int64_t(split) * p.chunks_per_split;
   const int64_t c_end = min(p.chunks, c_begin + p.chunks_per_split);
-  const int64_t xcol = int64_t(rb * 16 / p.rows_per_group) * p.K + (lane & 7) * 8;
+  const int64_t xcol = int64_t(rb * 16 / p.rows_per_group) * p.K + 16 * t;
 
-  const uint4* const wb[1] = {p.w + int64_t(rb) * p.chunks * 32};
-  const uint8_t* const sb[1] = {reinterpret_cast<const uint8_t*>(p.s) + int64_t(rb) * p.chunks * 64};
-  const __nv_bfloat16* xl[2 * MT];
-  bool xl_ok[2 * MT], xok[MT];
+  const uint4* const wb[1] = {p.w + int64_t(rb) * p.chunks * 32 + lane};
+  const uint16_t* const sb[1] = {p.s + int64_t(rb) * p.chunks * 32 + g * 4 + t};
+  const __nv_bfloat16* xrow[MT];
+  bool xok[MT];
 #pragma unroll
-  for (int r = 0; r < 2 * MT; ++r) {
-    const int row = (lane >> 3) + 4 * r;
-    xl_ok[r] = row < p.M;
-    xl[r] = p.x + int64_t(xl_ok[r] ? row : 0) * p.ldx + xcol;
+  for (int mt = 0; mt < MT; ++mt) {
+    const int tok = g + 8 * mt;
+    xok[mt] = tok < p.M;
+    xrow[mt] = p.x + int64_t(xok[mt] ? tok : 0) * p.ldx + xcol;
   }
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) xok[mt] = g + 8 * mt < p.M;
   float acc[1][MT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) acc[0][mt][0] = acc[0][mt][1] = acc[0][mt][2] = acc[0][mt][3] = 0.f;
-  warp_kloop<MT, 1>(dsmem + warp * Pipe<MT, 1>::kWarpBytes, wb, sb, xl, xl_ok, xok, c_begin + (RPW ? 0 : warp), c_end,
-                    RPW ? 1 : kWarps, p.K, acc);
-  if (RPW) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int tok = 8 * mt + 2 * t, n = rb * 16 + g;
-      store_out(p, tok, n, acc[0][mt][0]);
-      store_out(p, tok + 1, n, acc[0][mt][1]);
-      store_out(p, tok, n + 8, acc[0][mt][2]);
-      store_out(p, tok + 1, n + 8, acc[0][mt][3]);
-    }
-    return;
-  }
+  warp_kloop<MT, U, 1, PIPE>(wb, sb, xrow, xok, c_begin + warp, c_end, kWarps, p.K, t, acc);
 
   __shared__ float red[kWarps * 8 * MT * 16];
   float vals[MT];
   reduce_warps<MT>(acc[0], red, vals);
 
-  if (p.ksplit > 1 && p.cluster) {
-    // The ksplit CTAs of this row block are one cluster: each stores its tile
-    // into the leader's shared memory, the leader sums them in split order.
-    __shared__ float cl_red[kMaxClusterSplit * 128 * MT];
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    float* dst = cl.map_shared_rank(cl_red, 0);
-#pragma unroll
-    for (int i = 0; i < MT; ++i) dst[split * 128 * MT + threadIdx.x + 128 * i] = vals[i];
-    cl.sync();
-    if (split != 0) return;
-#pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      float s = 0.f;
-      for (int sp = 0; sp < p.ksplit; ++sp) s += cl_red[sp * 128 * MT + threadIdx.x + 128 * i];
-      vals[i] = s;
-    }
-  } else if (p.ksplit > 1) {
+  if (p.ksplit > 1) {
     float* part = p.partials + (int64_t(split) * p.row_blocks + rb) * (128 * MT);
 #pragma unroll
     for (int i = 0; i < MT; ++i) part[threadIdx.x + 128 * i] = vals[i];
@@ -150,7 +99,14 @@ __global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p)
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
     const int v = threadIdx.x + 128 * i;
-    store_out(p, v / 16, rb * 16 + v % 16, vals[i]);
+    const int tok = v / 16, n = rb * 16 + v % 16;
+    if (tok < p.M && n < p.N) {
+      const float out = vals[i] * p.out_scale;
+      if (p.y_bf16)
+        static_cast<__nv_bfloat16*>(p.y)[int64_t(tok) * p.ldy + n] = __float2bfloat16_rn(out);
+      else
+        static_cast<float*>(p.y)[int64_t(tok) * p.ldy + n] = out;
+    }
   }
 }
 
@@ -218,7 +174,7 @@ __global__ void random_fill_kernel(uint32_t* data, int64_t words, uint16_t* scal
 
 template <int MT>
 void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
-                   OutType out, bool cluster) {
+                   OutType out) {
   DecodeParams p{};
   p.w = w.data.as<const uint4>();
   p.s = w.scales.as<const uint16_t>();
@@ -234,54 +190,34 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
   p.ldy = ldy;
   p.y_bf16 = out == OutType::BF16;
   p.out_scale = kEpilogueFactor * w.scale_2;
-  constexpr int smem = decode_smem_bytes<MT>();
-  static int occupancy = 0;
-  if (occupancy == 0) {
-    for (auto k : {nvfp4_decode_kernel<MT, false>, nvfp4_decode_kernel<MT, true>})
-      CM_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, nvfp4_decode_kernel<MT, false>, 128, smem));
-    occupancy = std::max(occupancy, 1);
-  }
-  const int64_t target = int64_t(ctx.sm_count()) * occupancy;  // CTAs in one wave
-  if (w.row_blocks >= 2 * target) {
-    // Enough row blocks for every warp of a full wave: one row block per warp, no split.
+  if (w.row_blocks >= int64_t(ctx.sm_count()) * 8) {
+    // Many row blocks (wq_b, the LM head): one CTA per row block, no split,
+    // the plain loop (measured faster here than the pipelined one).
     p.ksplit = 1;
     p.chunks_per_split = int(w.chunks);
-    nvfp4_decode_kernel<MT, true><<<unsigned((w.row_blocks + kWarps - 1) / kWarps), 128, smem, ctx.stream()>>>(p);
+    nvfp4_decode_kernel<MT, false><<<unsigned(w.row_blocks), 128, 0, ctx.stream()>>>(p);
     CM_CUDA_LAUNCH("nvfp4_decode_kernel");
     return;
   }
   // Split K so that about one wave of CTAs covers the matrix, keeping at
-  // least 2 chunks per warp.
+  // least 2 chunks per warp so the pipelined loads overlap the math.
+  static int occupancy = 0;
+  if (occupancy == 0) {
+    CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, nvfp4_decode_kernel<MT, true>, 128, 0));
+    occupancy = std::max(occupancy, 1);
+  }
+  const int64_t target = int64_t(ctx.sm_count()) * occupancy;
   int64_t ksplit = std::clamp<int64_t>(target / w.row_blocks, 1, std::max<int64_t>(1, w.chunks / 8));
-  if (cluster) ksplit = std::min<int64_t>(ksplit, kMaxClusterSplit);
   const int64_t per = (w.chunks + ksplit - 1) / ksplit;
   ksplit = (w.chunks + per - 1) / per;
   p.ksplit = int(ksplit);
   p.chunks_per_split = int(per);
-  const dim3 grid(unsigned(w.row_blocks), unsigned(ksplit));
-  if (ksplit > 1 && cluster) {
-    p.cluster = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = ctx.stream();
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = unsigned(ksplit);
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CM_CUDA(cudaLaunchKernelEx(&cfg, nvfp4_decode_kernel<MT, false>, p));
-    return;
-  }
   if (ksplit > 1) {
     p.partials = ctx.splitk_partials(size_t(ksplit * w.row_blocks * 128 * MT));
     p.counters = ctx.splitk_counters(size_t(w.row_blocks));
   }
-  nvfp4_decode_kernel<MT, false><<<grid, 128, smem, ctx.stream()>>>(p);
+  dim3 grid(unsigned(w.row_blocks), unsigned(ksplit));
+  nvfp4_decode_kernel<MT, true><<<grid, 128, 0, ctx.stream()>>>(p);
   CM_CUDA_LAUNCH("nvfp4_decode_kernel");
 }
 
@@ -343,7 +279,7 @@ void dequant_nvfp4_bf16(Context& ctx, const DeviceLinear& w, int64_t row0, int64
 }
 
 void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
-                  OutType out, int64_t decode_max_m, bool cluster_splitk) {
+                  OutType out, int64_t decode_max_m) {
   CM_CU_CHECK(ldx >= w.groups * w.K && ldy >= w.N, "linear '%s': leading dimensions too small", w.name.c_str());
   CM_CU_CHECK((ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0,
               "linear '%s': activations must be 16-byte aligned rows", w.name.c_str());
@@ -354,9 +290,9 @@ void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_
       const int64_t mm = std::min<int64_t>(32, M - m0);
       const uint16_t* xs = x + m0 * ldx;
       void* ys = static_cast<char*>(y) + size_t(m0 * ldy) * esize;
-      if (mm <= 8) launch_decode<1>(ctx, w, xs, mm, ldx, ys, ldy, out, cluster_splitk);
-      else if (mm <= 16) launch_decode<2>(ctx, w, xs, mm, ldx, ys, ldy, out, cluster_splitk);
-      else launch_decode<4>(ctx, w, xs, mm, ldx, ys, ldy, out, cluster_splitk);
+      if (mm <= 8) launch_decode<1>(ctx, w, xs, mm, ldx, ys, ldy, out);
+      else if (mm <= 16) launch_decode<2>(ctx, w, xs, mm, ldx, ys, ldy, out);
+      else launch_decode<4>(ctx, w, xs, mm, ldx, ys, ldy, out);
     }
     return;
   }

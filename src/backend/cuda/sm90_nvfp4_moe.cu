@@ -113,32 +113,10 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeParams p) {
 }
 
 // kMT: 8*kMT tokens per pass (1 when no expert can have more than 8 tokens).
-template <int MT, int NW>
-constexpr int moe_smem_bytes() {
-  return 4 * sm90::Pipe<MT, NW>::kWarpBytes;
-}
-
-// The activation rows a lane stages for token group g0 of an expert:
-// smem row (lane/8 + 4r) holds token list entry g0 + row.
-template <int kMT, typename RowPtr>
-__device__ __forceinline__ void stage_rows(int g0, int cnt, RowPtr row_ptr, const __nv_bfloat16* (&xl)[2 * kMT],
-                                           bool (&xl_ok)[2 * kMT], bool (&xok)[kMT]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2;
-#pragma unroll
-  for (int r = 0; r < 2 * kMT; ++r) {
-    const int n = g0 + (lane >> 3) + 4 * r;
-    xl_ok[r] = n < cnt;
-    xl[r] = row_ptr(xl_ok[r] ? n : 0) + (lane & 7) * 8;
-  }
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) xok[mt] = g0 + g + 8 * mt < cnt;
-}
-
-// kMT: 8*kMT tokens per pass (1 when no expert can have more than 8 tokens).
 template <int kMT>
 __global__ void __launch_bounds__(128) moe_gate_up_kernel(const MoeParams p) {
+  constexpr int U = 2;
   using namespace sm90;
-  extern __shared__ __align__(16) uint8_t dsmem[];
   {  // zero y for the down kernel's atomics
     const int64_t nthreads = int64_t(gridDim.x) * gridDim.y * blockDim.x;
     const int64_t tid = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
@@ -148,18 +126,24 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(const MoeParams p) {
   if (slot >= p.offsets[p.count + 1]) return;
   const int e = p.active[slot];
   const int off = p.offsets[e], cnt = p.offsets[e + 1] - off;
-  const int rb = blockIdx.x, warp = threadIdx.x >> 5;
+  const int rb = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t wo = int64_t(e) * p.stride13 + int64_t(rb) * p.ch13 * 32;
-  const uint4* const wb[2] = {p.w1 + wo, p.w3 + wo};
-  const uint8_t* const sb[2] = {reinterpret_cast<const uint8_t*>(p.s1 + wo), reinterpret_cast<const uint8_t*>(p.s3 + wo)};
+  const uint4* const wb[2] = {p.w1 + wo + lane, p.w3 + wo + lane};
+  const uint16_t* const sb[2] = {p.s1 + wo + g * 4 + t, p.s3 + wo + g * 4 + t};
   const float sc_g = kEpilogueFactor * p.scale2[e * 3], sc_u = kEpilogueFactor * p.scale2[e * 3 + 1];
   __shared__ float red[4 * 8 * kMT * 16];
   for (int g0 = 0; g0 < cnt; g0 += 8 * kMT) {
-    const __nv_bfloat16* xl[2 * kMT];
-    bool xl_ok[2 * kMT], xok[kMT];
-    stage_rows<kMT>(g0, cnt, [&](int n) { return p.x + int64_t(p.sorted_tok[off + n]) * p.hidden; }, xl, xl_ok, xok);
+    const __nv_bfloat16* xrow[kMT];
+    bool xok[kMT];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      const int n = g0 + g + 8 * mt;
+      xok[mt] = n < cnt;
+      xrow[mt] = p.x + int64_t(xok[mt] ? p.sorted_tok[off + n] : 0) * p.hidden + 16 * t;
+    }
     float acc[2][kMT][4] = {};
-    warp_kloop<kMT, 2>(dsmem + warp * Pipe<kMT, 2>::kWarpBytes, wb, sb, xl, xl_ok, xok, warp, p.ch13, 4, p.hidden, acc);
+    warp_kloop<kMT, U, 2, false>(wb, sb, xrow, xok, warp, p.ch13, 4, p.hidden, t, acc);
     float gv[kMT], uv[kMT];
     reduce_warps<kMT>(acc[0], red, gv);
     reduce_warps<kMT>(acc[1], red, uv);
@@ -179,24 +163,30 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(const MoeParams p) {
 
 template <int kMT>
 __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
+  constexpr int U = 4;
   using namespace sm90;
-  extern __shared__ __align__(16) uint8_t dsmem[];
   const int slot = blockIdx.y;
   if (slot >= p.offsets[p.count + 1]) return;
   const int e = p.active[slot];
   const int off = p.offsets[e], cnt = p.offsets[e + 1] - off;
-  const int rb = blockIdx.x, warp = threadIdx.x >> 5;
+  const int rb = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t wo = int64_t(e) * p.stride2 + int64_t(rb) * p.ch2 * 32;
-  const uint4* const wb[1] = {p.w2 + wo};
-  const uint8_t* const sb[1] = {reinterpret_cast<const uint8_t*>(p.s2 + wo)};
+  const uint4* const wb[1] = {p.w2 + wo + lane};
+  const uint16_t* const sb[1] = {p.s2 + wo + g * 4 + t};
   const float sc = kEpilogueFactor * p.scale2[e * 3 + 2];
   __shared__ float red[4 * 8 * kMT * 16];
   for (int g0 = 0; g0 < cnt; g0 += 8 * kMT) {
-    const __nv_bfloat16* xl[2 * kMT];
-    bool xl_ok[2 * kMT], xok[kMT];
-    stage_rows<kMT>(g0, cnt, [&](int n) { return p.h + int64_t(off + n) * p.inter; }, xl, xl_ok, xok);
+    const __nv_bfloat16* xrow[kMT];
+    bool xok[kMT];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      const int n = g0 + g + 8 * mt;
+      xok[mt] = n < cnt;
+      xrow[mt] = p.h + int64_t(off + (xok[mt] ? n : 0)) * p.inter + 16 * t;
+    }
     float acc[1][kMT][4] = {};
-    warp_kloop<kMT, 1>(dsmem + warp * Pipe<kMT, 1>::kWarpBytes, wb, sb, xl, xl_ok, xok, warp, p.ch2, 4, p.inter, acc);
+    warp_kloop<kMT, U, 1, false>(wb, sb, xrow, xok, warp, p.ch2, 4, p.inter, t, acc);
     float vals[kMT];
     reduce_warps<kMT>(acc[0], red, vals);
 #pragma unroll
@@ -206,21 +196,6 @@ __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
       if (n < cnt) atomicAdd(&p.y[int64_t(p.sorted_tok[off + n]) * p.hidden + rb * 16 + v % 16], vals[q] * sc);
     }
   }
-}
-
-template <int kMT>
-void launch_moe(const MoeParams& p, dim3 g1, dim3 g2, cudaStream_t st) {
-  constexpr int s1 = moe_smem_bytes<kMT, 2>(), s2 = moe_smem_bytes<kMT, 1>();
-  static bool configured = false;
-  if (!configured) {
-    CM_CUDA(cudaFuncSetAttribute(moe_gate_up_kernel<kMT>, cudaFuncAttributeMaxDynamicSharedMemorySize, s1));
-    CM_CUDA(cudaFuncSetAttribute(moe_down_kernel<kMT>, cudaFuncAttributeMaxDynamicSharedMemorySize, s2));
-    configured = true;
-  }
-  moe_gate_up_kernel<kMT><<<g1, 128, s1, st>>>(p);
-  CM_CUDA_LAUNCH("moe_gate_up_kernel");
-  moe_down_kernel<kMT><<<g2, 128, s2, st>>>(p);
-  CM_CUDA_LAUNCH("moe_down_kernel");
 }
 
 void upload_packed(DeviceBuffer& data, DeviceBuffer& scales, const std::vector<const LinearWeight*>& ws, int64_t N,
@@ -330,8 +305,16 @@ void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16
   CM_CUDA_LAUNCH("moe_route_kernel");
   const dim3 g1(unsigned(e.inter / 16), max_active), g2(unsigned(e.hidden / 16), max_active);
   // An expert holds at most T*topk tokens: with <= 8 one 8-token pass suffices.
-  if (int64_t(T) * s.topk <= 8) launch_moe<1>(p, g1, g2, ctx.stream());
-  else launch_moe<2>(p, g1, g2, ctx.stream());
+  if (int64_t(T) * s.topk <= 8) {
+    moe_gate_up_kernel<1><<<g1, 128, 0, ctx.stream()>>>(p);
+    CM_CUDA_LAUNCH("moe_gate_up_kernel");
+    moe_down_kernel<1><<<g2, 128, 0, ctx.stream()>>>(p);
+  } else {
+    moe_gate_up_kernel<2><<<g1, 128, 0, ctx.stream()>>>(p);
+    CM_CUDA_LAUNCH("moe_gate_up_kernel");
+    moe_down_kernel<2><<<g2, 128, 0, ctx.stream()>>>(p);
+  }
+  CM_CUDA_LAUNCH("moe_down_kernel");
 }
 
 }  // namespace cm::cuda
