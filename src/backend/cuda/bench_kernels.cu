@@ -1,0 +1,289 @@
+// Kernel benchmark (see bench_kernels.h). Every measurement is the median
+// over several launches of a CUDA graph holding many back-to-back calls, so
+// launch gaps are those of a captured decode step. Weights are rotated over
+// enough copies (>= 256 MB) that L2 (60 MB) cannot hold them between calls;
+// the same holds for the cuBLAS BF16 baseline, run in the same process on the
+// same shapes. The copy bandwidth is a cudaMemcpy device-to-device of 1 GiB
+// (bytes read + written), the ceiling every "fraction of copy" refers to.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include "backend/cuda/bench_kernels.h"
+#include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_util.h"
+
+namespace cm::cuda {
+
+namespace {
+
+__global__ void fill_bf16_kernel(__nv_bfloat16* p, int64_t n, uint64_t seed) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    uint64_t x = (seed + uint64_t(i)) * 0x9E3779B97F4A7C15ULL;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 29;
+    p[i] = __float2bfloat16_rn(float(int(x & 0xffff) - 32768) / 32768.0f);
+  }
+}
+
+__global__ void empty_kernel() {}
+
+void fill_bf16(void* p, int64_t n, uint64_t seed) {
+  fill_bf16_kernel<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  CM_CUDA_LAUNCH("fill_bf16_kernel");
+}
+
+struct Events {
+  cudaEvent_t a = nullptr, b = nullptr;
+  Events() {
+    CM_CUDA(cudaEventCreate(&a));
+    CM_CUDA(cudaEventCreate(&b));
+  }
+  ~Events() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median microseconds per call of fn(i), i cycling over `copies` operand sets.
+template <typename F>
+double time_calls(Context& ctx, F&& fn, int copies, int repeats) {
+  cudaStream_t st = ctx.stream();
+  Events ev;
+  fn(0);  // warm-up: lazy allocations happen outside the capture
+  ctx.sync();
+  CM_CUDA(cudaEventRecord(ev.a, st));
+  for (int i = 0; i < copies; ++i) fn(i);
+  CM_CUDA(cudaEventRecord(ev.b, st));
+  CM_CUDA(cudaEventSynchronize(ev.b));
+  float ms = 0;
+  CM_CUDA(cudaEventElapsedTime(&ms, ev.a, ev.b));
+  const double est_us = std::max(1e-3, 1000.0 * ms / copies);
+  int reps = int(std::clamp(4000.0 / est_us, 1.0, 3000.0));
+  reps = std::max(reps, std::min(copies, 3000));
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CM_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  try {
+    for (int i = 0; i < reps; ++i) fn(i % copies);
+  } catch (...) {
+    cudaStreamEndCapture(st, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  CM_CUDA(cudaStreamEndCapture(st, &graph));
+  CM_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CM_CUDA(cudaGraphLaunch(exec, st));
+  ctx.sync();
+  std::vector<double> t;
+  for (int r = 0; r < repeats; ++r) {
+    CM_CUDA(cudaEventRecord(ev.a, st));
+    CM_CUDA(cudaGraphLaunch(exec, st));
+    CM_CUDA(cudaEventRecord(ev.b, st));
+    CM_CUDA(cudaEventSynchronize(ev.b));
+    CM_CUDA(cudaEventElapsedTime(&ms, ev.a, ev.b));
+    t.push_back(1000.0 * ms / reps);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return median(t);
+}
+
+double copy_bandwidth(Context& ctx) {
+  const size_t bytes = size_t(1) << 30;
+  DeviceBuffer a(bytes), b(bytes);
+  CM_CUDA(cudaMemsetAsync(a.get(), 1, bytes, ctx.stream()));
+  Events ev;
+  std::vector<double> t;
+  for (int r = 0; r < 12; ++r) {
+    CM_CUDA(cudaEventRecord(ev.a, ctx.stream()));
+    CM_CUDA(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, ctx.stream()));
+    CM_CUDA(cudaEventRecord(ev.b, ctx.stream()));
+    CM_CUDA(cudaEventSynchronize(ev.b));
+    float ms = 0;
+    CM_CUDA(cudaEventElapsedTime(&ms, ev.a, ev.b));
+    if (r >= 2) t.push_back(ms);
+  }
+  return 2.0 * double(bytes) / (median(t) * 1e-3) / 1e9;
+}
+
+struct Shape {
+  const char* name;
+  int64_t N, K;
+  int groups;
+};
+
+// V4-Flash's linear shapes (out N, in K): expert w1/w3, expert w2, attention
+// wq_a, wq_b, wkv, grouped wo_a (8 x 4096->1024), wo_b, and the LM head.
+const Shape kShapes[] = {
+    {"expert gate/up 4096->2048", 2048, 4096, 1}, {"expert down 2048->4096", 4096, 2048, 1},
+    {"attn q_a 4096->1024", 1024, 4096, 1},       {"attn q_b 1024->32768", 32768, 1024, 1},
+    {"attn kv 4096->512", 512, 4096, 1},          {"attn wo_a 8x 4096->1024", 8192, 4096, 8},
+    {"attn wo_b 8192->4096", 4096, 8192, 1},      {"head 4096->129280", 129280, 4096, 1},
+};
+
+int copies_for(double bytes) { return int(std::clamp(std::ceil(256e6 / bytes), 1.0, 128.0)); }
+
+void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, double copy_gbs, KernelBenchResult& res) {
+  const int64_t N = s.N, K = s.K, G = s.groups, KX = G * K;
+  const int64_t mmax = *std::max_element(opt.ms.begin(), opt.ms.end());
+  std::vector<DeviceLinear> ws;
+  ws.push_back(random_nvfp4(N, K, 1000 + N + K, int(G)));
+  const int wcopies = copies_for(double(ws[0].device_bytes()));
+  for (int i = 1; i < wcopies; ++i) ws.push_back(random_nvfp4(N, K, 1000 + N + K + i, int(G)));
+  const size_t bf_bytes = size_t(N * K) * 2;
+  const int bcopies = copies_for(double(bf_bytes));
+  DeviceBuffer bw(bf_bytes * bcopies);
+  fill_bf16(bw.get(), N * K * bcopies, 77);
+  DeviceBuffer x(size_t(mmax * KX) * 2), y(size_t(mmax * N) * 2);
+  fill_bf16(x.get(), mmax * KX, 5);
+  CM_CUDA(cudaDeviceSynchronize());
+  auto h = static_cast<cublasHandle_t>(ctx.cublas());
+  double copy_us = 0;
+  for (int64_t M : opt.ms) {
+    KernelBenchRow r;
+    r.kind = "linear";
+    r.name = s.name;
+    r.M = M;
+    r.N = N;
+    r.K = K;
+    r.groups = int(G);
+    r.path = M <= 64 ? "mma.sync decode" : "dequant+cuBLAS";
+    const uint16_t* xp = x.as<const uint16_t>();
+    r.us = time_calls(
+        ctx, [&](int i) { linear_nvfp4(ctx, ws[size_t(i)], xp, M, KX, y.get(), N, OutType::BF16); }, wcopies,
+        opt.repeats);
+    const double flop = 2.0 * double(M) * double(N) * double(K);
+    r.bytes = double(ws[0].device_bytes()) + double(M * KX) * 2 + double(M * N) * 2;
+    r.gbs = r.bytes / (r.us * 1e-6) / 1e9;
+    r.frac_copy = r.gbs / copy_gbs;
+    r.tflops = flop / (r.us * 1e-6) / 1e12;
+    if (M == opt.ms.front()) {
+      // a plain copy of the weight bytes (half to half) through the same timing: what the size alone costs
+      const size_t half = ws[0].data.size() / 2;
+      copy_us = time_calls(
+          ctx,
+          [&](int i) {
+            char* d = ws[size_t(i)].data.as<char>();
+            CM_CUDA(cudaMemcpyAsync(d + half, d, half, cudaMemcpyDeviceToDevice, ctx.stream()));
+          },
+          wcopies, opt.repeats);
+    }
+    r.copy_us = copy_us;
+    const float alpha = 1.f, beta = 0.f;
+    const int64_t ng = N / G;
+    r.cublas_us = time_calls(
+        ctx,
+        [&](int i) {
+          const void* wp = bw.as<char>() + bf_bytes * size_t(i);
+          check_cublas(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(ng), int(M), int(K), &alpha, wp,
+                                                  CUDA_R_16BF, int(K), ng * K, xp, CUDA_R_16BF, int(KX), K, &beta,
+                                                  y.get(), CUDA_R_16BF, int(N), ng, int(G), CUBLAS_COMPUTE_32F,
+                                                  CUBLAS_GEMM_DEFAULT),
+                       "cublasGemmStridedBatchedEx");
+        },
+        bcopies, opt.repeats);
+    r.cublas_tflops = flop / (r.cublas_us * 1e-6) / 1e12;
+    r.speedup = r.cublas_us / r.us;
+    res.rows.push_back(r);
+  }
+}
+
+void bench_moe(Context& ctx, const KernelBenchOptions& opt, double copy_gbs, KernelBenchResult& res) {
+  const int64_t hidden = 4096, inter = 2048;
+  const int E = 256, topk = 6;
+  DeviceExperts ex = random_experts(hidden, inter, 0, E, 4242);
+  const int tmax = *std::max_element(opt.moe_tokens.begin(), opt.moe_tokens.end());
+  MoeScratch scratch(ex, tmax, topk);
+  DeviceBuffer x(size_t(tmax) * hidden * 2), y(size_t(tmax) * hidden * 4);
+  fill_bf16(x.get(), tmax * hidden, 9);
+  CM_CUDA(cudaDeviceSynchronize());
+  std::mt19937 rng(1234);
+  for (int T : opt.moe_tokens) {
+    const int copies = 8;  // different routings, so the 6 experts of T=1 are not L2-resident
+    std::vector<DeviceBuffer> ids, wts;
+    double touched = 0;
+    for (int c = 0; c < copies; ++c) {
+      std::vector<int32_t> hid(size_t(T) * topk);
+      std::vector<float> hw(hid.size());
+      std::set<int> distinct;
+      for (int t = 0; t < T; ++t) {
+        std::set<int> pick;
+        while (int(pick.size()) < topk) pick.insert(int(rng() % E));
+        int k = 0;
+        for (int e : pick) {
+          hid[size_t(t) * topk + k] = e;
+          hw[size_t(t) * topk + k] = 0.1f + float(rng() % 1000) / 1000.0f;
+          distinct.insert(e);
+          ++k;
+        }
+      }
+      touched += double(distinct.size()) / copies;
+      ids.emplace_back(hid.size() * 4);
+      ids.back().upload(hid.data(), hid.size() * 4);
+      wts.emplace_back(hw.size() * 4);
+      wts.back().upload(hw.data(), hw.size() * 4);
+    }
+    KernelBenchRow r;
+    r.kind = "moe";
+    r.name = "moe 6 of 256, 4096/2048";
+    r.path = "route + gate/up + down";
+    r.M = T;
+    r.N = hidden;
+    r.K = inter;
+    r.experts_touched = int64_t(touched + 0.5);
+    r.us = time_calls(
+        ctx,
+        [&](int i) {
+          moe_nvfp4(ctx, ex, scratch, x.as<const uint16_t>(), T, ids[size_t(i)].as<const int32_t>(),
+                    wts[size_t(i)].as<const float>(), y.as<float>());
+        },
+        copies, opt.repeats);
+    r.bytes = touched * double(ex.expert_bytes()) + double(T) * hidden * (2 + 4);
+    r.gbs = r.bytes / (r.us * 1e-6) / 1e9;
+    r.frac_copy = r.gbs / copy_gbs;
+    r.tflops = 2.0 * 3 * double(T) * topk * double(hidden * inter) / (r.us * 1e-6) / 1e12;
+    res.rows.push_back(r);
+  }
+}
+
+}  // namespace
+
+KernelBenchResult run_kernel_bench(const KernelBenchOptions& opt) {
+  CM_CU_CHECK(device_count() > 0, "bench kernels: no CUDA device found");
+  CM_CU_CHECK(!opt.ms.empty(), "bench kernels: no M values given");
+  Context ctx(0);
+  cudaDeviceProp prop{};
+  CM_CUDA(cudaGetDeviceProperties(&prop, 0));
+  KernelBenchResult res;
+  res.gpu = prop.name;
+  res.copy_gbs = copy_bandwidth(ctx);
+  res.empty_us = time_calls(
+      ctx,
+      [&](int) {
+        empty_kernel<<<1, 32, 0, ctx.stream()>>>();
+        CM_CUDA_LAUNCH("empty_kernel");
+      },
+      1, opt.repeats);
+  for (const Shape& s : kShapes) {
+    if (!opt.only.empty() && std::string(s.name).find(opt.only) == std::string::npos) continue;
+    bench_linear(ctx, opt, s, res.copy_gbs, res);
+  }
+  if (!opt.moe_tokens.empty() && (opt.only.empty() || std::string("moe").find(opt.only) != std::string::npos))
+    bench_moe(ctx, opt, res.copy_gbs, res);
+  return res;
+}
+
+}  // namespace cm::cuda

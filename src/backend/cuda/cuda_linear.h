@@ -1,0 +1,49 @@
+// NVFP4 linear layers on Hopper: weights uploaded in their stored size
+// (repacked, nvfp4_pack.h) and y[M, N] = x[M, K] * W^T with BF16 activations,
+// FP32 accumulation and BF16 or FP32 output.
+//  - M <= 64: tensor-core decode kernel (mma.sync, in-register E2M1 expansion,
+//    split-K across CTAs with an in-kernel last-arriver reduction);
+//  - M > 64: the weight is expanded to BF16 panel by panel and multiplied by
+//    cuBLAS (a wgmma kernel with in-register expansion is not written yet).
+// Grouped linears (V4's wo_a: G independent [N/G, K] blocks, each applied to
+// its own K-slice of x) are the same call with groups = G.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/cuda_util.h"
+#include "ops/linear.h"
+
+namespace cm::cuda {
+
+enum class OutType : uint8_t { F32, BF16 };
+
+struct DeviceLinear {
+  std::string name;
+  int64_t N = 0, K = 0;
+  int64_t row_blocks = 0, chunks = 0;
+  int groups = 1;  // x has groups*K columns; rows [g*N/groups, (g+1)*N/groups) read slice g
+  float scale_2 = 1.0f;
+  DeviceBuffer data, scales;
+  size_t device_bytes() const { return data.size() + scales.size(); }
+};
+
+// Repacks on the host and uploads. groups > 1 needs N divisible by 16*groups.
+DeviceLinear upload_nvfp4(const LinearWeight& w, int groups = 1);
+
+// Random but valid NVFP4 weight generated on the device (benchmarks).
+DeviceLinear random_nvfp4(int64_t N, int64_t K, uint64_t seed, int groups = 1);
+
+// Fills packed buffers with random codes and valid encoded scales (benchmarks).
+void fill_random_packed(void* data, size_t data_bytes, void* scales, size_t scale_bytes, uint64_t seed);
+
+// y[m * ldy + n] for m < M, n < N. x: bf16 [M, ldx] (ldx >= groups*K), device pointers.
+// decode_max_m: largest M served by the decode kernel (else dequant + cuBLAS).
+void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
+                  int64_t ldy, OutType out, int64_t decode_max_m = 64);
+
+// Expands W to bf16 [N, K] row-major, values exact (includes scale_2 only if apply_scale_2).
+void dequant_nvfp4_bf16(Context& ctx, const DeviceLinear& w, int64_t row0, int64_t rows, uint16_t* out,
+                        bool apply_scale_2);
+
+}  // namespace cm::cuda

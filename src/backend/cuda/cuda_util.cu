@@ -1,0 +1,115 @@
+// CUDA backend foundation (see cuda_util.h): every runtime/cuBLAS failure
+// becomes a cm::Error with the call that failed.
+#include <cublas_v2.h>
+
+#include "backend/cuda/cuda_util.h"
+
+namespace cm::cuda {
+
+void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();  // clear the sticky-free error state so later calls can proceed
+  throw_error(strf("CUDA error in %s (%s:%d): %s (%d)", what, file, line, cudaGetErrorString(e), int(e)));
+}
+
+void check_cublas(int s, const char* what) {
+  if (s != int(CUBLAS_STATUS_SUCCESS)) throw_error(strf("cuBLAS error in %s: status %d", what, int(s)));
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void DeviceBuffer::alloc(size_t bytes) {
+  release();
+  if (bytes == 0) return;
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw_error(strf("CUDA out of memory: cannot allocate %.1f MiB (%s)", double(bytes) / (1 << 20), cudaGetErrorString(e)));
+  }
+  ptr_ = p;
+  bytes_ = bytes;
+}
+
+void DeviceBuffer::release() noexcept {
+  if (ptr_) cudaFree(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+void DeviceBuffer::upload(const void* host, size_t bytes, size_t offset) {
+  CM_CU_CHECK(offset + bytes <= bytes_, "device upload of %zu bytes at %zu overflows a %zu-byte buffer", bytes, offset, bytes_);
+  CM_CUDA(cudaMemcpy(static_cast<char*>(ptr_) + offset, host, bytes, cudaMemcpyHostToDevice));
+}
+
+void DeviceBuffer::download(void* host, size_t bytes, size_t offset) const {
+  CM_CU_CHECK(offset + bytes <= bytes_, "device download of %zu bytes at %zu overflows a %zu-byte buffer", bytes, offset, bytes_);
+  CM_CUDA(cudaMemcpy(host, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost));
+}
+
+void DeviceBuffer::zero() {
+  if (ptr_) CM_CUDA(cudaMemset(ptr_, 0, bytes_));
+}
+
+void* Arena::take(size_t bytes, size_t align) {
+  size_t start = (used_ + align - 1) / align * align;
+  CM_CU_CHECK(start + bytes <= buf_.size(), "device arena exhausted: need %zu bytes, %zu of %zu used", bytes, used_, buf_.size());
+  used_ = start + bytes;
+  return static_cast<char*>(buf_.get()) + start;
+}
+
+Context::Context(int device) {
+  CM_CU_CHECK(device_count() > device, "no CUDA device %d (found %d)", device, device_count());
+  CM_CUDA(cudaSetDevice(device));
+  // A blocking stream: it stays ordered with work on the legacy default stream (uploads, fills).
+  CM_CUDA(cudaStreamCreate(&stream_));
+  CM_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  cublasHandle_t h = nullptr;
+  check_cublas(cublasCreate(&h), "cublasCreate");
+  cublas_ = h;
+  check_cublas(cublasSetStream(h, stream_), "cublasSetStream");
+  // An explicit workspace keeps cuBLAS calls capturable in CUDA graphs.
+  cublas_ws_.alloc(size_t(64) << 20);
+  check_cublas(cublasSetWorkspace(h, cublas_ws_.get(), cublas_ws_.size()), "cublasSetWorkspace");
+}
+
+Context::~Context() {
+  if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void Context::sync() { CM_CUDA(cudaStreamSynchronize(stream_)); }
+
+float* Context::splitk_partials(size_t floats) {
+  if (partials_.size() < floats * 4) {
+    sync();
+    partials_.alloc(floats * 4);
+  }
+  return partials_.as<float>();
+}
+
+unsigned* Context::splitk_counters(size_t n) {
+  if (counters_.size() < n * 4) {
+    sync();
+    counters_.alloc(n * 4);
+    CM_CUDA(cudaMemsetAsync(counters_.get(), 0, n * 4, stream_));
+  }
+  return counters_.as<unsigned>();
+}
+
+void* Context::panel_scratch(size_t bytes) {
+  if (panel_.size() < bytes) {
+    sync();
+    panel_.alloc(bytes);
+  }
+  return panel_.get();
+}
+
+}  // namespace cm::cuda

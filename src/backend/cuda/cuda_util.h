@@ -1,0 +1,107 @@
+// CUDA backend foundation: error checks that throw cm::Error (never abort),
+// RAII device buffers, a bump arena for per-step scratch, and a Context that
+// owns a stream, a cuBLAS handle and the split-K workspace the linear kernels
+// share. Included only by CUDA-aware code (it pulls in the CUDA runtime).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "backend/cuda/cuda_errors.h"
+
+namespace cm::cuda {
+
+// Throws cm::Error naming the failed call and CUDA's message.
+void check_cuda(cudaError_t e, const char* what, const char* file, int line);
+#define CM_CUDA(call) ::cm::cuda::check_cuda((call), #call, __FILE__, __LINE__)
+// After a kernel launch: reports launch-configuration errors at once.
+#define CM_CUDA_LAUNCH(name) ::cm::cuda::check_cuda(cudaGetLastError(), name, __FILE__, __LINE__)
+
+// Throws cm::Error for a failed cuBLAS call (status is a cublasStatus_t).
+void check_cublas(int status, const char* what);
+
+// Number of CUDA devices; 0 when there is no driver or no device (never throws).
+int device_count();
+
+// Owning device allocation (cudaMalloc). Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) { alloc(bytes); }
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void alloc(size_t bytes);
+  void release() noexcept;
+  void upload(const void* host, size_t bytes, size_t offset = 0);
+  void download(void* host, size_t bytes, size_t offset = 0) const;
+  void zero();
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  void* get() const { return ptr_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Bump allocator over one device buffer: per-step scratch without cudaMalloc
+// in the hot path. reset() frees everything at once.
+class Arena {
+ public:
+  explicit Arena(size_t bytes) : buf_(bytes) {}
+  void* take(size_t bytes, size_t align = 256);
+  template <typename T>
+  T* take_n(size_t n) { return static_cast<T*>(take(n * sizeof(T), 256)); }
+  void reset() { used_ = 0; }
+  size_t used() const { return used_; }
+  size_t capacity() const { return buf_.size(); }
+
+ private:
+  DeviceBuffer buf_;
+  size_t used_ = 0;
+};
+
+// Everything a kernel launch needs besides its operands. One per stream:
+// the split-K workspace and counters are reused by consecutive launches on
+// that stream and must not be shared between streams.
+class Context {
+ public:
+  explicit Context(int device = 0);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+  void* cublas() const { return cublas_; }  // cublasHandle_t, bound to stream()
+  void sync();
+  int sm_count() const { return sm_count_; }
+
+  // Split-K partial sums (f32) and per-tile arrival counters (kept at zero
+  // between launches by the kernels themselves).
+  float* splitk_partials(size_t floats);
+  unsigned* splitk_counters(size_t n);
+  // Scratch for dequantized weight panels (prefill path through cuBLAS).
+  void* panel_scratch(size_t bytes);
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  void* cublas_ = nullptr;
+  int sm_count_ = 0;
+  DeviceBuffer partials_, counters_, panel_, cublas_ws_;
+};
+
+}  // namespace cm::cuda

@@ -1,0 +1,329 @@
+// NVFP4 linear kernels for Hopper (see cuda_linear.h).
+//
+// Decode kernel: one CTA (4 warps) owns a 16-row block and a K range; each
+// warp walks 64-wide chunks of that range, issuing the 16-byte weight loads
+// of several chunks before expanding any of them, so many loads are in
+// flight per SM. The 4 warps reduce through shared memory; when K is split
+// across CTAs (small N) each CTA writes its partial tile and the last CTA to
+// arrive for that row block sums the partials in a fixed order (deterministic)
+// and writes the output, so a whole linear is one launch.
+#include <cublas_v2.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/sm90_nvfp4.cuh"
+
+namespace cm::cuda {
+
+namespace {
+
+struct DecodeParams {
+  const uint4* w;
+  const uint16_t* s;
+  int64_t chunks;
+  int N, K, row_blocks;
+  int rows_per_group;
+  const __nv_bfloat16* x;
+  int64_t ldx;
+  int M;
+  void* y;
+  int64_t ldy;
+  int y_bf16;
+  float out_scale;
+  int ksplit;
+  int chunks_per_split;
+  float* partials;
+  unsigned* counters;
+};
+
+constexpr int kWarps = 4;
+
+template <int MT>
+struct Unroll {
+  static constexpr int value = MT == 1 ? 4 : 2;
+};
+
+// PIPE: pipelined chunk loop (used with split-K for matrices with few row
+// blocks); !PIPE: plain loop with more resident warps (many row blocks).
+template <int MT, bool PIPE>
+__global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p) {
+  using namespace sm90;
+  constexpr int U = Unroll<MT>::value;
+  const int rb = blockIdx.x, split = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t c_begin = int64_t(split) * p.chunks_per_split;
+  const int64_t c_end = min(p.chunks, c_begin + p.chunks_per_split);
+  const int64_t xcol = int64_t(rb * 16 / p.rows_per_group) * p.K + 16 * t;
+
+  const uint4* const wb[1] = {p.w + int64_t(rb) * p.chunks * 32 + lane};
+  const uint16_t* const sb[1] = {p.s + int64_t(rb) * p.chunks * 32 + g * 4 + t};
+  const __nv_bfloat16* xrow[MT];
+  bool xok[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int tok = g + 8 * mt;
+    xok[mt] = tok < p.M;
+    xrow[mt] = p.x + int64_t(xok[mt] ? tok : 0) * p.ldx + xcol;
+  }
+  float acc[1][MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) acc[0][mt][0] = acc[0][mt][1] = acc[0][mt][2] = acc[0][mt][3] = 0.f;
+  warp_kloop<MT, U, 1, PIPE>(wb, sb, xrow, xok, c_begin + warp, c_end, kWarps, p.K, t, acc);
+
+  __shared__ float red[kWarps * 8 * MT * 16];
+  float vals[MT];
+  reduce_warps<MT>(acc[0], red, vals);
+
+  if (p.ksplit > 1) {
+    float* part = p.partials + (int64_t(split) * p.row_blocks + rb) * (128 * MT);
+#pragma unroll
+    for (int i = 0; i < MT; ++i) part[threadIdx.x + 128 * i] = vals[i];
+    __threadfence();
+    __syncthreads();
+    __shared__ unsigned is_last;
+    if (threadIdx.x == 0) is_last = atomicAdd(&p.counters[rb], 1u) == unsigned(p.ksplit - 1);
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      float s = 0.f;
+      for (int sp = 0; sp < p.ksplit; ++sp)
+        s += __ldcg(p.partials + (int64_t(sp) * p.row_blocks + rb) * (128 * MT) + threadIdx.x + 128 * i);
+      vals[i] = s;
+    }
+    if (threadIdx.x == 0) p.counters[rb] = 0;  // ready for the next launch
+  }
+
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    const int v = threadIdx.x + 128 * i;
+    const int tok = v / 16, n = rb * 16 + v % 16;
+    if (tok < p.M && n < p.N) {
+      const float out = vals[i] * p.out_scale;
+      if (p.y_bf16)
+        static_cast<__nv_bfloat16*>(p.y)[int64_t(tok) * p.ldy + n] = __float2bfloat16_rn(out);
+      else
+        static_cast<float*>(p.y)[int64_t(tok) * p.ldy + n] = out;
+    }
+  }
+}
+
+// Expands rows [row0, row0+rows) (row0 % 16 == 0) to bf16 [rows, K], exact.
+__global__ void nvfp4_dequant_kernel(const uint4* w, const uint16_t* s, int64_t chunks, int N, int K, int64_t rb0,
+                                     int64_t row_blocks, int64_t row0, __nv_bfloat16* out, float post) {
+  using namespace sm90;
+  const int64_t unit = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (unit >= row_blocks * chunks) return;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t rb = rb0 + unit / chunks, c = unit % chunks;
+  const uint4 wv = w[(rb * chunks + c) * 32 + lane];
+  const uint32_t sv = s[(rb * chunks + c) * 32 + g * 4 + t];
+  uint32_t sg, sg8;
+  decode_scales(sv, sg, sg8);
+  const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+  uint32_t r0[8], r1[8];
+  const __nv_bfloat162 k2 = __float2bfloat162_rn(post);
+  const uint32_t kpost = *reinterpret_cast<const uint32_t*>(&k2);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t a[4];
+    expand_word(ws[j], sg, sg8, a);
+    r0[2 * j] = bf16x2_mul(a[0], kpost);
+    r0[2 * j + 1] = bf16x2_mul(a[2], kpost);
+    r1[2 * j] = bf16x2_mul(a[1], kpost);
+    r1[2 * j + 1] = bf16x2_mul(a[3], kpost);
+  }
+  const int64_t k = c * 64 + 16 * t;
+  if (k >= K) return;
+  const int64_t n0 = rb * 16 + g, n1 = n0 + 8;
+  if (n0 < N) {
+    uint4* o = reinterpret_cast<uint4*>(out + (n0 - row0) * int64_t(K) + k);
+    o[0] = make_uint4(r0[0], r0[1], r0[2], r0[3]);
+    o[1] = make_uint4(r0[4], r0[5], r0[6], r0[7]);
+  }
+  if (n1 < N) {
+    uint4* o = reinterpret_cast<uint4*>(out + (n1 - row0) * int64_t(K) + k);
+    o[0] = make_uint4(r1[0], r1[1], r1[2], r1[3]);
+    o[1] = make_uint4(r1[4], r1[5], r1[6], r1[7]);
+  }
+}
+
+// Cheap integer hash for on-device random weights.
+__device__ __forceinline__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+
+__global__ void random_fill_kernel(uint32_t* data, int64_t words, uint16_t* scales, int64_t scale_words, uint64_t seed) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < words; i += stride)
+    data[i] = hash32(seed * 0x9E3779B97F4A7C15ULL + uint64_t(i));
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < scale_words; i += stride) {
+    const uint32_t h = hash32(~seed + uint64_t(i) * 0x632BE59BD9B4E019ULL);
+    // encoded scales around 2^-1 .. 2^2 (exponent field 8..11), any mantissa
+    const uint32_t b0 = ((8 + (h & 3)) << 3) | ((h >> 2) & 7), b1 = ((8 + ((h >> 5) & 3)) << 3) | ((h >> 7) & 7);
+    scales[i] = uint16_t(b0 | (b1 << 8));
+  }
+}
+
+template <int MT>
+void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
+                   OutType out) {
+  DecodeParams p{};
+  p.w = w.data.as<const uint4>();
+  p.s = w.scales.as<const uint16_t>();
+  p.chunks = w.chunks;
+  p.N = int(w.N);
+  p.K = int(w.K);
+  p.row_blocks = int(w.row_blocks);
+  p.rows_per_group = int(w.N / w.groups);
+  p.x = reinterpret_cast<const __nv_bfloat16*>(x);
+  p.ldx = ldx;
+  p.M = int(M);
+  p.y = y;
+  p.ldy = ldy;
+  p.y_bf16 = out == OutType::BF16;
+  p.out_scale = kEpilogueFactor * w.scale_2;
+  if (w.row_blocks >= int64_t(ctx.sm_count()) * 8) {
+    // Many row blocks (wq_b, the LM head): one CTA per row block, no split,
+    // the plain loop (measured faster here than the pipelined one).
+    p.ksplit = 1;
+    p.chunks_per_split = int(w.chunks);
+    nvfp4_decode_kernel<MT, false><<<unsigned(w.row_blocks), 128, 0, ctx.stream()>>>(p);
+    CM_CUDA_LAUNCH("nvfp4_decode_kernel");
+    return;
+  }
+  // Split K so that about one wave of CTAs covers the matrix, keeping at
+  // least 2 chunks per warp so the pipelined loads overlap the math.
+  static int occupancy = 0;
+  if (occupancy == 0) {
+    CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, nvfp4_decode_kernel<MT, true>, 128, 0));
+    occupancy = std::max(occupancy, 1);
+  }
+  const int64_t target = int64_t(ctx.sm_count()) * occupancy;
+  int64_t ksplit = std::clamp<int64_t>(target / w.row_blocks, 1, std::max<int64_t>(1, w.chunks / 8));
+  const int64_t per = (w.chunks + ksplit - 1) / ksplit;
+  ksplit = (w.chunks + per - 1) / per;
+  p.ksplit = int(ksplit);
+  p.chunks_per_split = int(per);
+  if (ksplit > 1) {
+    p.partials = ctx.splitk_partials(size_t(ksplit * w.row_blocks * 128 * MT));
+    p.counters = ctx.splitk_counters(size_t(w.row_blocks));
+  }
+  dim3 grid(unsigned(w.row_blocks), unsigned(ksplit));
+  nvfp4_decode_kernel<MT, true><<<grid, 128, 0, ctx.stream()>>>(p);
+  CM_CUDA_LAUNCH("nvfp4_decode_kernel");
+}
+
+}  // namespace
+
+DeviceLinear upload_nvfp4(const LinearWeight& w, int groups) {
+  Nvfp4Packed p = pack_nvfp4(w);
+  CM_CU_CHECK(groups == 1 || (groups > 1 && p.N % (int64_t(16) * groups) == 0),
+              "linear '%s': %d groups need N (%lld) divisible by 16*groups", w.name.c_str(), groups, (long long)p.N);
+  CM_CU_CHECK(p.N < (int64_t(1) << 31) && p.K < (int64_t(1) << 31), "linear '%s': shape too large", w.name.c_str());
+  DeviceLinear d;
+  d.name = w.name;
+  d.N = p.N;
+  d.K = p.K;
+  d.row_blocks = p.row_blocks;
+  d.chunks = p.chunks;
+  d.groups = groups;
+  d.scale_2 = p.scale_2;
+  d.data.alloc(p.data.size());
+  d.data.upload(p.data.data(), p.data.size());
+  d.scales.alloc(p.scales.size());
+  d.scales.upload(p.scales.data(), p.scales.size());
+  return d;
+}
+
+DeviceLinear random_nvfp4(int64_t N, int64_t K, uint64_t seed, int groups) {
+  CM_CU_CHECK(N > 0 && K > 0 && K % 16 == 0, "random_nvfp4: bad shape %lldx%lld", (long long)N, (long long)K);
+  DeviceLinear d;
+  d.name = "random";
+  d.N = N;
+  d.K = K;
+  d.row_blocks = (N + 15) / 16;
+  d.chunks = (K + 63) / 64;
+  d.groups = groups;
+  d.scale_2 = 1.0f / 64.0f;
+  d.data.alloc(size_t(d.row_blocks * d.chunks) * 512);
+  d.scales.alloc(size_t(d.row_blocks * d.chunks) * 64);
+  fill_random_packed(d.data.get(), d.data.size(), d.scales.get(), d.scales.size(), seed);
+  return d;
+}
+
+void fill_random_packed(void* data, size_t data_bytes, void* scales, size_t scale_bytes, uint64_t seed) {
+  random_fill_kernel<<<1024, 256>>>(static_cast<uint32_t*>(data), int64_t(data_bytes / 4), static_cast<uint16_t*>(scales),
+                                    int64_t(scale_bytes / 2), seed);
+  CM_CUDA_LAUNCH("random_fill_kernel");
+  CM_CUDA(cudaDeviceSynchronize());
+}
+
+void dequant_nvfp4_bf16(Context& ctx, const DeviceLinear& w, int64_t row0, int64_t rows, uint16_t* out,
+                        bool apply_scale_2) {
+  CM_CU_CHECK(row0 % 16 == 0 && row0 >= 0 && row0 + rows <= w.N, "dequant_nvfp4_bf16: bad row range");
+  const int64_t rb0 = row0 / 16, nrb = (rows + 15) / 16;
+  const int64_t units = nrb * w.chunks;
+  const float post = kEpilogueFactor * (apply_scale_2 ? w.scale_2 : 1.0f);
+  nvfp4_dequant_kernel<<<unsigned((units + 7) / 8), 256, 0, ctx.stream()>>>(
+      w.data.as<const uint4>(), w.scales.as<const uint16_t>(), w.chunks, int(std::min(w.N, row0 + rows)), int(w.K),
+      rb0, nrb, row0, reinterpret_cast<__nv_bfloat16*>(out), post);
+  CM_CUDA_LAUNCH("nvfp4_dequant_kernel");
+}
+
+void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
+                  OutType out, int64_t decode_max_m) {
+  CM_CU_CHECK(ldx >= w.groups * w.K && ldy >= w.N, "linear '%s': leading dimensions too small", w.name.c_str());
+  CM_CU_CHECK((ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0,
+              "linear '%s': activations must be 16-byte aligned rows", w.name.c_str());
+  if (M <= 0) return;
+  const size_t esize = out == OutType::BF16 ? 2 : 4;
+  if (M <= decode_max_m) {
+    for (int64_t m0 = 0; m0 < M; m0 += 32) {
+      const int64_t mm = std::min<int64_t>(32, M - m0);
+      const uint16_t* xs = x + m0 * ldx;
+      void* ys = static_cast<char*>(y) + size_t(m0 * ldy) * esize;
+      if (mm <= 8) launch_decode<1>(ctx, w, xs, mm, ldx, ys, ldy, out);
+      else if (mm <= 16) launch_decode<2>(ctx, w, xs, mm, ldx, ys, ldy, out);
+      else launch_decode<4>(ctx, w, xs, mm, ldx, ys, ldy, out);
+    }
+    return;
+  }
+  // Prefill: bf16 panels through cuBLAS (alpha = scale_2).
+  CM_CU_CHECK(w.K % 8 == 0, "linear '%s': K must be a multiple of 8 for the cuBLAS path", w.name.c_str());
+  auto h = static_cast<cublasHandle_t>(ctx.cublas());
+  const float alpha = w.scale_2, beta = 0.f;
+  const cudaDataType_t ct = out == OutType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  if (w.groups > 1) {
+    const int64_t ng = w.N / w.groups;
+    uint16_t* panel = static_cast<uint16_t*>(ctx.panel_scratch(size_t(w.N * w.K) * 2));
+    dequant_nvfp4_bf16(ctx, w, 0, w.N, panel, false);
+    check_cublas(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(ng), int(M), int(w.K), &alpha, panel,
+                                            CUDA_R_16BF, int(w.K), ng * w.K, x, CUDA_R_16BF, int(ldx), w.K, &beta, y,
+                                            ct, int(ldy), ng, w.groups, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmStridedBatchedEx");
+    return;
+  }
+  const int64_t max_panel_bytes = int64_t(256) << 20;
+  int64_t panel_rows = std::max<int64_t>(16, (max_panel_bytes / (2 * w.K)) / 16 * 16);
+  panel_rows = std::min(panel_rows, (w.N + 15) / 16 * 16);
+  uint16_t* panel = static_cast<uint16_t*>(ctx.panel_scratch(size_t(panel_rows * w.K) * 2));
+  for (int64_t r0 = 0; r0 < w.N; r0 += panel_rows) {
+    const int64_t rows = std::min(panel_rows, w.N - r0);
+    dequant_nvfp4_bf16(ctx, w, r0, rows, panel, false);
+    void* yp = static_cast<char*>(y) + size_t(r0) * esize;
+    check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(M), int(w.K), &alpha, panel, CUDA_R_16BF,
+                              int(w.K), x, CUDA_R_16BF, int(ldx), &beta, yp, ct, int(ldy), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  }
+}
+
+}  // namespace cm::cuda

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds the GPU test binary and a bench-only clawmine on the device machine,
+# which has nvcc and cuBLAS but none of the Debian dev packages: fmt (header-
+# only), CLI11, nlohmann-json and GoogleTest sources travel in third_party/
+# (made by tools/gpu_sync.sh). Only the files the GPU code needs are compiled.
+# Usage: tools/gpu_device_build.sh [build-dir]   (run from the repo root)
+set -euo pipefail
+B=${1:-build-dev}
+mkdir -p "$B/obj"
+TP=third_party
+INC="-Isrc -I$TP/include -I$TP/googletest/include -I$TP/googletest -DFMT_HEADER_ONLY -DCLAWMINE_HAVE_CUDA=1"
+NVCC="nvcc -std=c++20 -O3 -arch=sm_90a -lineinfo --expt-relaxed-constexpr -Xcompiler=-fopenmp,-Wall"
+CUDA_INC=$(dirname "$(dirname "$(command -v nvcc)")")/include
+CXX="g++ -std=c++20 -O3 -fopenmp -Wall -Wextra -Wno-unused-parameter -I$CUDA_INC"
+compile() {  # compile SRC OBJ
+  local src=$1 obj=$2
+  case "$src" in
+    *.cu) $NVCC $INC -c "$src" -o "$obj" ;;
+    *) $CXX $INC -c "$src" -o "$obj" ;;
+  esac
+}
+obj() { echo "$B/obj/$(echo "$1" | tr '/' '_').o"; }
+# The CPU reference linear and what it needs (quant/codec.cpp once linear.cpp uses it).
+CORE=(src/common/dtype.cpp src/backend/cpu/linear.cpp src/backend/cuda/*.cpp src/backend/cuda/*.cu)
+[ -f src/quant/codec.cpp ] && CORE+=(src/quant/codec.cpp)
+TESTS=(tests/gpu/*.cpp "$TP/googletest/src/gtest-all.cc" "$TP/googletest/src/gtest_main.cc")
+CLI=(src/cli/main.cpp src/cli/cmd_bench.cpp)
+pids=()
+for f in "${CORE[@]}" "${TESTS[@]}" "${CLI[@]}"; do
+  compile "$f" "$(obj "$f")" &
+  pids+=($!)
+done
+fail=0
+for p in "${pids[@]}"; do wait "$p" || fail=1; done
+[ $fail = 0 ] || { echo "compile failed"; exit 1; }
+core_objs=(); test_objs=(); cli_objs=()
+for f in "${CORE[@]}"; do core_objs+=("$(obj "$f")"); done
+for f in "${TESTS[@]}"; do test_objs+=("$(obj "$f")"); done
+for f in "${CLI[@]}"; do cli_objs+=("$(obj "$f")"); done
+LINK="nvcc -arch=sm_90a -Xcompiler=-fopenmp -lcublas -lpthread"
+$LINK "${core_objs[@]}" "${test_objs[@]}" -o "$B/clawmine_gpu_tests"
+$LINK "${core_objs[@]}" "${cli_objs[@]}" -o "$B/clawmine"
+echo "built $B/clawmine_gpu_tests $B/clawmine"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Copies this worktree into the main checkout's .gpuwork/ (the folder the
+# device tool carries) together with the header-only dependencies and the
+# GoogleTest sources that the device machine lacks.
+# Usage: tools/gpu_sync.sh [dest]   (default /work/main/.gpuwork)
+set -euo pipefail
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+DST=${1:-/work/main/.gpuwork}
+rm -rf "$DST"
+mkdir -p "$DST/third_party/include" "$DST/third_party/googletest"
+(cd "$SRC" && tar --exclude='./build*' --exclude=./.git --exclude=./third_party -cf - .) | (cd "$DST" && tar -xf -)
+cp -a /usr/include/fmt /usr/include/CLI /usr/include/nlohmann "$DST/third_party/include/"
+cp -a /usr/src/googletest/googletest/. "$DST/third_party/googletest/"
+du -sh "$DST"
