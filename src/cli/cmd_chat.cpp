@@ -15,6 +15,7 @@
 #include "chat/dsv4.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "cli/text_output.h"
 #include "common/error.h"
 #include "runtime/session.h"
 
@@ -77,27 +78,12 @@ int run(Opts& o) {
       history.erase(history.end() - 1);
       continue;
     }
-    cm::chat::ReasoningSplitter split(mode);
-    bool dim = false;
-    auto show = [&](const cm::chat::ReasoningSplitter::Delta& d) {
-      if (!d.reasoning.empty() && !o.hide_reasoning) {
-        if (!dim && tty) std::fputs("\x1b[2m", stdout);
-        dim = true;
-        std::fputs(d.reasoning.c_str(), stdout);
-      }
-      if (!d.content.empty()) {
-        if (dim) std::fputs(tty ? "\x1b[0m\n\n" : "\n\n", stdout);
-        dim = false;
-        std::fputs(d.content.c_str(), stdout);
-      }
-      std::fflush(stdout);
-    };
+    cm::cli::TextPrinter out(mode, o.hide_reasoning);
     g_cancel.store(false);
     g_generating.store(true);
-    cm::GenerateResult r = session.generate(req, [&](const std::string& p) { show(split.push(p)); }, &g_cancel);
+    cm::GenerateResult r = session.generate(req, [&](const std::string& p) { out.push(p); }, &g_cancel);
     g_generating.store(false);
-    show(split.flush());
-    if (dim && tty) std::fputs("\x1b[0m", stdout);
+    out.finish();
     std::fputs(r.finish_reason == "cancelled" ? " [stopped]\n" : "\n", stdout);
     std::fflush(stdout);
     std::string done = r.text;

@@ -4,8 +4,6 @@
 // chat format with --chat/--think), streams the generated text to stdout and
 // prints prompt and generation speed on stderr. Token mode (--tokens) prints
 // the generated ids. Both stop at EOS unless --ignore-eos.
-#include <unistd.h>
-
 #include <cstdio>
 #include <memory>
 
@@ -13,6 +11,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "cli/text_output.h"
 #include "common/error.h"
 #include "runtime/session.h"
 #include "sampling/generation_config.h"
@@ -89,26 +88,10 @@ int run(Opts& o) {
   }
   req.prompt = tok.encode(text);
   if (req.prompt.empty()) cm::fail("the prompt encodes to no tokens");
-  const bool tty = ::isatty(STDOUT_FILENO);
-  cm::chat::ReasoningSplitter split(chat ? mode : cm::chat::Mode::Chat);
-  bool in_reasoning = false;
-  auto show = [&](const cm::chat::ReasoningSplitter::Delta& d) {
-    if (!d.reasoning.empty() && !o.hide_reasoning) {
-      if (!in_reasoning && tty) std::fputs("\x1b[2m", stdout);
-      in_reasoning = true;
-      std::fputs(d.reasoning.c_str(), stdout);
-    }
-    if (!d.content.empty()) {
-      if (in_reasoning) std::fputs(tty ? "\x1b[0m\n\n" : "\n\n", stdout);
-      in_reasoning = false;
-      std::fputs(d.content.c_str(), stdout);
-    }
-    std::fflush(stdout);
-  };
+  cm::cli::TextPrinter out(chat ? mode : cm::chat::Mode::Chat, o.hide_reasoning);
   if (!chat) std::fputs(o.prompt.c_str(), stdout);
-  cm::GenerateResult r = s.generate(req, [&](const std::string& piece) { show(split.push(piece)); });
-  show(split.flush());
-  if (in_reasoning && tty) std::fputs("\x1b[0m", stdout);
+  cm::GenerateResult r = s.generate(req, [&](const std::string& piece) { out.push(piece); });
+  out.finish();
   std::printf("\n");
   std::fflush(stdout);
   print_speed(r);
