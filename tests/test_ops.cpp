@@ -212,6 +212,26 @@ TEST(Indexer, TopkTiesTakeLowerIndexFirst) {
   EXPECT_TRUE(topk_lower_index_first(s, 0, 4).empty());
 }
 
+TEST(Indexer, ScoresMatchNaive) {
+  const int64_t heads = 16, dim = 32, n = 9;
+  auto q = randn(heads * dim, 51), keys = randn(n * dim, 52), w = randn(heads, 53);
+  std::vector<float> s(n);
+  indexer_scores_cpu(q.data(), keys.data(), n, w.data(), heads, dim, s.data());
+  for (int64_t i = 0; i < n; ++i) {
+    double ref = 0;
+    for (int64_t h = 0; h < heads; ++h) {
+      double d = 0;
+      for (int64_t j = 0; j < dim; ++j) d += double(q[h * dim + j]) * keys[i * dim + j];
+      ref += std::max(d, 0.0) / std::sqrt(double(dim)) * w[h];
+    }
+    EXPECT_NEAR(s[i], ref, 1e-4) << i;
+  }
+  // A key orthogonal to every query gets exactly 0 (ReLU), which is where ties come from.
+  std::vector<float> zero(dim, 0.0f), z(1);
+  indexer_scores_cpu(q.data(), zero.data(), 1, w.data(), heads, dim, z.data());
+  EXPECT_EQ(z[0], 0.0f);
+}
+
 TEST(Attention, SinkSoftmaxMatchesNaive) {
   const int64_t H = 3, d = 16, n = 6;
   auto q = randn(H * d, 31), e = randn(n * d, 32), sinks = randn(H, 33, 2.0f);

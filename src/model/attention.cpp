@@ -96,25 +96,16 @@ std::vector<std::vector<int32_t>> indexer_select(const Model& mdl, const Indexer
   const int64_t nh = c.index_n_heads, ihd = c.index_head_dim, m = c.csa_ratio;
   std::vector<float> q = lin(iw.wq_b, qr, T, opt);  // [T, nh·ihd]
   std::vector<float> wts = lin(iw.weights_proj, x, T, opt);  // [T, nh]
-  const float qscale = 1.0f / std::sqrt(float(ihd)), wscale = 1.0f / std::sqrt(float(nh));
+  const float wscale = 1.0f / std::sqrt(float(nh));
   std::vector<std::vector<int32_t>> sel(static_cast<size_t>(T));
 #pragma omp parallel for schedule(dynamic) if (T * nh * ihd * ks.n_entries >= (int64_t(1) << 16))
   for (int64_t t = 0; t < T; ++t) {
     float* qt = &q[size_t(t * nh * ihd)];
     rope_apply_cpu(qt, nh, ihd, pos0 + t, mdl.rope_compress, false);
     const int64_t n_causal = std::min((pos0 + t + 1) / m, ks.n_entries);
-    std::vector<float> score(static_cast<size_t>(n_causal));
-    for (int64_t i = 0; i < n_causal; ++i) {
-      const float* k = &ks.entries[size_t(i * ihd)];
-      float s = 0;
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* qh = qt + h * ihd;
-        float d = 0;
-        for (int64_t j = 0; j < ihd; ++j) d += qh[j] * k[j];
-        s += std::max(d, 0.0f) * qscale * (wts[size_t(t * nh + h)] * wscale);
-      }
-      score[size_t(i)] = s;
-    }
+    std::vector<float> score(static_cast<size_t>(n_causal)), w(static_cast<size_t>(nh));
+    for (int64_t h = 0; h < nh; ++h) w[size_t(h)] = wts[size_t(t * nh + h)] * wscale;
+    indexer_scores_cpu(qt, ks.entries.data(), n_causal, w.data(), nh, ihd, score.data());
     sel[size_t(t)] = topk_lower_index_first(score.data(), n_causal, c.index_topk);
   }
   return sel;

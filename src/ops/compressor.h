@@ -10,6 +10,12 @@ namespace cm {
 // (CSA's missing previous block).
 void compress_pool_cpu(const float* kv, const float* gate, int64_t slots, int64_t dim, float* out);
 
+// Lightning-indexer scores of one query against n compressed keys (spec §5.7):
+// score[i] = Σ_h w[h] · ReLU(q_h · key_i) · dim^−½, with q [heads, dim],
+// keys [n, dim] and w [heads] the (already scaled) head weights.
+void indexer_scores_cpu(const float* q, const float* keys, int64_t n, const float* w, int64_t heads, int64_t dim,
+                        float* score);
+
 // Indices of the k largest scores[0:n], in descending score order; equal
 // scores are taken lower index first (spec §15.3). k is clamped to n.
 std::vector<int32_t> topk_lower_index_first(const float* scores, int64_t n, int64_t k);

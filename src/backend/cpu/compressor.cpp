@@ -22,6 +22,22 @@ void compress_pool_cpu(const float* kv, const float* gate, int64_t slots, int64_
   }
 }
 
+void indexer_scores_cpu(const float* q, const float* keys, int64_t n, const float* w, int64_t heads, int64_t dim,
+                        float* score) {
+  const float qscale = 1.0f / std::sqrt(float(dim));
+  for (int64_t i = 0; i < n; ++i) {
+    const float* k = keys + i * dim;
+    float s = 0;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* qh = q + h * dim;
+      float d = 0;
+      for (int64_t j = 0; j < dim; ++j) d += qh[j] * k[j];
+      s += std::max(d, 0.0f) * qscale * w[h];
+    }
+    score[i] = s;
+  }
+}
+
 std::vector<int32_t> topk_lower_index_first(const float* scores, int64_t n, int64_t k) {
   k = std::min(k, n);
   std::vector<int32_t> idx(static_cast<size_t>(n));
