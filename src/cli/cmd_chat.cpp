@@ -18,6 +18,7 @@
 #include "cli/text_output.h"
 #include "common/error.h"
 #include "runtime/session.h"
+#include "sampling/generation_config.h"
 
 namespace {
 
@@ -39,12 +40,15 @@ struct Opts {
   std::string system;
   int64_t n_predict = 512;
   cm::SamplingParams sp;
+  CLI::App* app = nullptr;
   bool think = false, hide_reasoning = false;
 };
 
 int run(Opts& o) {
   cm::validate_sampling_params(o.sp);
   auto m = cm::cli::load_model(o.eng);
+  const cm::SamplingParams sp = cm::cli::effective_sampling(*o.app, o.sp, o.eng.model);
+  const std::vector<int32_t> extra_eos = cm::load_generation_config(o.eng.model).eos_ids;
   cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
   cm::LayerStatsObserver stats(stderr);
   cm::Session session(*m, &tok, cm::cli::forward_options(o.eng, &stats));
@@ -71,7 +75,8 @@ int run(Opts& o) {
     cm::GenerateRequest req;
     req.prompt = tok.encode(cm::chat::encode_messages(history, cm::chat::ChatOptions{mode, true, true, ""}));
     req.max_tokens = o.n_predict;
-    req.sampling = o.sp;
+    req.sampling = sp;
+    req.eos_ids = extra_eos;
     if (int64_t(req.prompt.size()) + 1 >= m->config.max_position_embeddings) {
       std::fprintf(stderr, "the conversation no longer fits the context (%lld tokens); /reset to start over\n",
                    (long long)m->config.max_position_embeddings);
@@ -98,17 +103,13 @@ int run(Opts& o) {
 cm::cli::CommandRegistrar reg({"chat", "Interactive multi-turn chat with the DeepSeek-V4 chat format",
                                [](CLI::App& app) -> cm::cli::CommandRun {
                                  auto o = std::make_shared<Opts>();
+                                 o->app = &app;
                                  cm::cli::add_engine_options(app, o->eng, /*model_required=*/false);
                                  app.add_flag("--think", o->think, "Thinking mode (<think>)");
                                  app.add_option("--system", o->system, "System prompt");
                                  app.add_flag("--hide-reasoning", o->hide_reasoning, "Hide the reasoning");
                                  app.add_option("-n,--n-predict", o->n_predict, "Max tokens per answer (512)");
-                                 app.add_option("--temp", o->sp.temperature, "Temperature (0 = greedy)");
-                                 app.add_option("--top-k", o->sp.top_k, "Top-k (0 = off)");
-                                 app.add_option("--top-p", o->sp.top_p, "Top-p (1 = off)");
-                                 app.add_option("--min-p", o->sp.min_p, "Min-p (0 = off)");
-                                 app.add_option("--repeat-penalty", o->sp.repetition_penalty, "Repetition penalty");
-                                 app.add_option("-s,--seed", o->sp.seed, "Random seed");
+                                 cm::cli::add_sampling_options(app, o->sp);
                                  return [o] { return run(*o); };
                                }});
 

@@ -45,17 +45,7 @@ int run(Opts& o) {
   auto m = cm::cli::load_model(o.eng);
   // generation_config.json supplies the defaults; flags given on the command line win.
   cm::GenerationDefaults gd = cm::load_generation_config(o.eng.model);
-  cm::SamplingParams sp = gd.sampling;
-  auto given = [&](const char* flag) { return o.app->count(flag) > 0; };
-  if (given("--temp")) sp.temperature = o.sp.temperature;
-  if (given("--top-k")) sp.top_k = o.sp.top_k;
-  if (given("--top-p")) sp.top_p = o.sp.top_p;
-  if (given("--min-p")) sp.min_p = o.sp.min_p;
-  if (given("--repeat-penalty")) sp.repetition_penalty = o.sp.repetition_penalty;
-  if (given("--presence-penalty")) sp.presence_penalty = o.sp.presence_penalty;
-  if (given("--frequency-penalty")) sp.frequency_penalty = o.sp.frequency_penalty;
-  sp.seed = o.sp.seed;
-  cm::validate_sampling_params(sp);
+  cm::SamplingParams sp = cm::cli::effective_sampling(*o.app, o.sp, o.eng.model);
   cm::LayerStatsObserver stats(stderr);
   cm::GenerateRequest req;
   req.max_tokens = o.n_predict;
@@ -111,14 +101,7 @@ cm::cli::CommandRegistrar reg(
        app.add_option("--system", o->system, "System prompt (implies --chat)");
        app.add_flag("--hide-reasoning", o->hide_reasoning, "Do not print the reasoning of thinking mode");
        app.add_option("--stop", o->stop, "Stop before this string (repeatable)")->take_all();
-       app.add_option("--temp", o->sp.temperature, "Temperature (0 = greedy; default from generation_config.json, else greedy)");
-       app.add_option("--top-k", o->sp.top_k, "Top-k (0 = off)");
-       app.add_option("--top-p", o->sp.top_p, "Top-p (1 = off)");
-       app.add_option("--min-p", o->sp.min_p, "Min-p (0 = off)");
-       app.add_option("--repeat-penalty", o->sp.repetition_penalty, "Repetition penalty (1 = off)");
-       app.add_option("--presence-penalty", o->sp.presence_penalty, "Presence penalty");
-       app.add_option("--frequency-penalty", o->sp.frequency_penalty, "Frequency penalty");
-       app.add_option("-s,--seed", o->sp.seed, "Random seed");
+       cm::cli::add_sampling_options(app, o->sp);
        app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at EOS");
        return [o] { return run(*o); };
      }});

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include "common/error.h"
+#include "sampling/generation_config.h"
 
 namespace cm::cli {
 
@@ -22,6 +23,32 @@ void add_engine_options(CLI::App& app, EngineOptions& o, bool model_required) {
                  "Activation handling for NVFP4 weights: none (weight-only, fp32 activations) or nvfp4 (emulate a "
                  "W4A4 Blackwell kernel)")
       ->check(CLI::IsMember({"none", "nvfp4"}));
+}
+
+void add_sampling_options(CLI::App& app, SamplingParams& sp) {
+  app.add_option("--temp", sp.temperature, "Temperature (0 = greedy; default from generation_config.json, else greedy)");
+  app.add_option("--top-k", sp.top_k, "Top-k (0 = off)");
+  app.add_option("--top-p", sp.top_p, "Top-p (1 = off)");
+  app.add_option("--min-p", sp.min_p, "Min-p (0 = off)");
+  app.add_option("--repeat-penalty", sp.repetition_penalty, "Repetition penalty (1 = off)");
+  app.add_option("--presence-penalty", sp.presence_penalty, "Presence penalty");
+  app.add_option("--frequency-penalty", sp.frequency_penalty, "Frequency penalty");
+  app.add_option("-s,--seed", sp.seed, "Random seed");
+}
+
+SamplingParams effective_sampling(const CLI::App& app, const SamplingParams& f, const std::string& model_dir) {
+  SamplingParams sp = load_generation_config(model_dir).sampling;
+  auto given = [&](const char* flag) { return app.count(flag) > 0; };
+  if (given("--temp")) sp.temperature = f.temperature;
+  if (given("--top-k")) sp.top_k = f.top_k;
+  if (given("--top-p")) sp.top_p = f.top_p;
+  if (given("--min-p")) sp.min_p = f.min_p;
+  if (given("--repeat-penalty")) sp.repetition_penalty = f.repetition_penalty;
+  if (given("--presence-penalty")) sp.presence_penalty = f.presence_penalty;
+  if (given("--frequency-penalty")) sp.frequency_penalty = f.frequency_penalty;
+  sp.seed = f.seed;
+  validate_sampling_params(sp);
+  return sp;
 }
 
 std::unique_ptr<Model> load_model(EngineOptions& o) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model/model.h"
+#include "sampling/sampler.h"
 
 namespace cm::cli {
 
@@ -20,6 +21,13 @@ struct EngineOptions {
 
 // Declares the shared flags on a subcommand. model_required: -m must be given.
 void add_engine_options(CLI::App& app, EngineOptions& o, bool model_required = true);
+
+// Declares the sampling flags (llama.cpp spelling) bound to sp.
+void add_sampling_options(CLI::App& app, SamplingParams& sp);
+
+// The sampling parameters for a run: the model's generation_config.json
+// defaults, overridden by the sampling flags given on the command line.
+SamplingParams effective_sampling(const CLI::App& app, const SamplingParams& flags, const std::string& model_dir);
 
 // Applies threads, loads the model with the load options (the embedded
 // default model when -m was not given; o.model is set to the path used).
