@@ -119,6 +119,22 @@ def randomize(model, cfg, gen):
                 b.copy_(0.3 * torch.randn(b.shape, generator=gen))
 
 
+def checked_logits(model, tokens, name):
+    """Full-forward logits [T, vocab] (use_cache=False). The cached token-by-token path must agree,
+    else the fixture has a top-k tie at the indexer boundary and is refused."""
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits[0].float()
+        past, steps = None, []
+        for t in range(tokens.shape[1]):
+            o = model(tokens[:, t:t + 1], past_key_values=past, use_cache=True)
+            past = o.past_key_values
+            steps.append(o.logits[0, -1].float())
+    diff = (full - torch.stack(steps)).abs().max().item()
+    print(f"{name}: T={tokens.shape[1]} full-vs-cached max diff {diff:.3e}, logits amax {full.abs().max():.3f}")
+    assert diff < 1e-4, f"{name}: cached and full logits disagree ({diff}); change the seed"
+    return full
+
+
 def to_release(sd):
     """transformers-saved keys -> DeepSeek release keys (spec §15.5)."""
     table = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
@@ -210,18 +226,7 @@ def make(name, spec, out_root):
     model = DeepseekV4ForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
 
     tokens = torch.randint(2, cfg.vocab_size, (1, spec["seq"]), generator=gen)
-    with torch.no_grad():
-        full = model(tokens, use_cache=False).logits[0].float()
-        # Cached token-by-token path: must agree, else the fixture has a top-k tie.
-        past, steps = None, []
-        for t in range(tokens.shape[1]):
-            o = model(tokens[:, t:t + 1], past_key_values=past, use_cache=True)
-            past = o.past_key_values
-            steps.append(o.logits[0, -1].float())
-        stepwise = torch.stack(steps)
-    diff = (full - stepwise).abs().max().item()
-    print(f"{name}: T={tokens.shape[1]} full-vs-cached max diff {diff:.3e}, logits amax {full.abs().max():.3f}")
-    assert diff < 1e-4, f"{name}: cached and full logits disagree ({diff}); change the seed"
+    full = checked_logits(model, tokens, name)
 
     os.makedirs(out)
     hf_cfg = json.load(open(os.path.join(tmp, "config.json")))

@@ -40,7 +40,7 @@ from safetensors.torch import load_file, save_file
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_golden import BASE, randomize, release_config, to_release, write_shards  # noqa: E402
+from make_golden import BASE, checked_logits, randomize, release_config, to_release, write_shards  # noqa: E402
 
 E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -143,17 +143,7 @@ def reference_logits(sd_ref, tmp, tokens, name):
     """Loads the dequantized state dict into transformers and runs full + cached forwards."""
     save_file(sd_ref, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     model = DeepseekV4ForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
-    with torch.no_grad():
-        full = model(tokens, use_cache=False).logits[0].float()
-        past, steps = None, []
-        for t in range(tokens.shape[1]):
-            o = model(tokens[:, t:t + 1], past_key_values=past, use_cache=True)
-            past = o.past_key_values
-            steps.append(o.logits[0, -1].float())
-    diff = (full - torch.stack(steps)).abs().max().item()
-    print(f"{name}: T={tokens.shape[1]} full-vs-cached max diff {diff:.3e}, logits amax {full.abs().max():.3f}")
-    assert diff < 1e-4, f"{name}: cached and full logits disagree ({diff}); change the seed"
-    return full
+    return checked_logits(model, tokens, name)
 
 
 def finish(out, cfg_json, sd_stored, tokens, logits, shards):
