@@ -9,7 +9,7 @@ B=${1:-build-dev}
 mkdir -p "$B/obj"
 TP=third_party
 INC="-Isrc -I$TP/include -I$TP/googletest/include -I$TP/googletest -DFMT_HEADER_ONLY -DCLAWMINE_HAVE_CUDA=1"
-NVCC="nvcc -std=c++20 -O3 -arch=sm_90a -lineinfo --expt-relaxed-constexpr -Xcompiler=-fopenmp,-Wall"
+NVCC="nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -Xcompiler=-fopenmp,-Wall"
 CUDA_INC=$(dirname "$(dirname "$(command -v nvcc)")")/include
 CXX="g++ -std=c++20 -O3 -fopenmp -Wall -Wextra -Wno-unused-parameter -I$CUDA_INC"
 compile() {  # compile SRC OBJ
@@ -37,7 +37,7 @@ core_objs=(); test_objs=(); cli_objs=()
 for f in "${CORE[@]}"; do core_objs+=("$(obj "$f")"); done
 for f in "${TESTS[@]}"; do test_objs+=("$(obj "$f")"); done
 for f in "${CLI[@]}"; do cli_objs+=("$(obj "$f")"); done
-LINK="nvcc -arch=sm_90a -Xcompiler=-fopenmp -lcublas -lpthread"
+LINK="nvcc -gencode=arch=compute_90a,code=sm_90a -Xcompiler=-fopenmp -lcublas -lpthread"
 $LINK "${core_objs[@]}" "${test_objs[@]}" -o "$B/clawmine_gpu_tests"
 $LINK "${core_objs[@]}" "${cli_objs[@]}" -o "$B/clawmine"
 echo "built $B/clawmine_gpu_tests $B/clawmine"

@@ -23,6 +23,7 @@ struct BenchOptions {
   std::vector<int> moe_tokens{1, 16, 256};
   std::string only;
   int repeats = 7;
+  bool no_pdl = false;
 };
 
 #ifdef CLAWMINE_HAVE_CUDA
@@ -79,6 +80,7 @@ int run_bench(const BenchOptions& o) {
   ko.moe_tokens = o.moe_tokens;
   ko.only = o.only;
   ko.repeats = o.repeats;
+  ko.pdl = !o.no_pdl;
   CM_CHECK(o.repeats >= 1, "bench: --repeats must be >= 1");
   for (int64_t m : o.ms) CM_CHECK(m >= 1, "bench: --m values must be >= 1, got {}", m);
   for (int t : o.moe_tokens) CM_CHECK(t >= 1, "bench: --moe-tokens values must be >= 1, got {}", t);
@@ -107,6 +109,8 @@ cm::cli::CommandRegistrar reg({"bench", "Benchmark GPU kernels (bench kernels [-
                                  app.add_option("--moe-tokens", o->moe_tokens, "Token counts for the grouped MoE");
                                  app.add_option("--only", o->only, "Only shapes whose name contains this text");
                                  app.add_option("--repeats", o->repeats, "Timed graph launches per measurement");
+                                 app.add_flag("--no-pdl", o->no_pdl,
+                                              "Launch the decode kernels without programmatic dependent launch");
                                  return [o]() -> int { return run_bench(*o); };
                                }});
 

@@ -153,23 +153,8 @@ void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, d
   auto h = static_cast<cublasHandle_t>(ctx.cublas());
   double copy_us = 0;
   for (int64_t M : opt.ms) {
-    KernelBenchRow r;
-    r.kind = "linear";
-    r.name = s.name;
-    r.M = M;
-    r.N = N;
-    r.K = K;
-    r.groups = int(G);
-    r.path = M <= 64 ? "mma.sync decode" : "dequant+cuBLAS";
     const uint16_t* xp = x.as<const uint16_t>();
-    r.us = time_calls(
-        ctx, [&](int i) { linear_nvfp4(ctx, ws[size_t(i)], xp, M, KX, y.get(), N, OutType::BF16); }, wcopies,
-        opt.repeats);
     const double flop = 2.0 * double(M) * double(N) * double(K);
-    r.bytes = double(ws[0].device_bytes()) + double(M * KX) * 2 + double(M * N) * 2;
-    r.gbs = r.bytes / (r.us * 1e-6) / 1e9;
-    r.frac_copy = r.gbs / copy_gbs;
-    r.tflops = flop / (r.us * 1e-6) / 1e12;
     if (M == opt.ms.front()) {
       // a plain copy of the weight bytes (half to half) through the same timing: what the size alone costs
       const size_t half = ws[0].data.size() / 2;
@@ -181,10 +166,9 @@ void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, d
           },
           wcopies, opt.repeats);
     }
-    r.copy_us = copy_us;
     const float alpha = 1.f, beta = 0.f;
     const int64_t ng = N / G;
-    r.cublas_us = time_calls(
+    const double cublas_us = time_calls(
         ctx,
         [&](int i) {
           const void* wp = bw.as<char>() + bf_bytes * size_t(i);
@@ -195,9 +179,36 @@ void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, d
                        "cublasGemmStridedBatchedEx");
         },
         bcopies, opt.repeats);
-    r.cublas_tflops = flop / (r.cublas_us * 1e-6) / 1e12;
-    r.speedup = r.cublas_us / r.us;
-    res.rows.push_back(r);
+    // M > 64: both prefill kernels, each its own row (the default one first)
+    // (kernel, decode_max_m): the default first; M > 64 also dequant + cuBLAS;
+    // 16 < M <= 64 also the wgmma kernel in place of the decode kernel
+    std::vector<std::pair<PrefillKernel, int64_t>> kernels{{PrefillKernel::Auto, 64}};
+    if (M > 64 && wgmma_nvfp4_supported(ws[0], M)) kernels.push_back({PrefillKernel::DequantCublas, 64});
+    if (M > 16 && M <= 64 && wgmma_nvfp4_supported(ws[0], M)) kernels.push_back({PrefillKernel::Wgmma, 0});
+    for (const auto& kd : kernels) {
+      const PrefillKernel pk = kd.first;
+      const int64_t dmax = kd.second;
+      KernelBenchRow r;
+      r.kind = "linear";
+      r.name = s.name;
+      r.M = M;
+      r.N = N;
+      r.K = K;
+      r.groups = int(G);
+      r.path = linear_nvfp4_path(ws[0], M, dmax, pk);
+      r.us = time_calls(
+          ctx, [&](int i) { linear_nvfp4(ctx, ws[size_t(i)], xp, M, KX, y.get(), N, OutType::BF16, dmax, pk); },
+          wcopies, opt.repeats);
+      r.bytes = double(ws[0].device_bytes()) + double(M * KX) * 2 + double(M * N) * 2;
+      r.gbs = r.bytes / (r.us * 1e-6) / 1e9;
+      r.frac_copy = r.gbs / copy_gbs;
+      r.tflops = flop / (r.us * 1e-6) / 1e12;
+      r.copy_us = copy_us;
+      r.cublas_us = cublas_us;
+      r.cublas_tflops = flop / (cublas_us * 1e-6) / 1e12;
+      r.speedup = cublas_us / r.us;
+      res.rows.push_back(r);
+    }
   }
 }
 
@@ -264,7 +275,7 @@ void bench_moe(Context& ctx, const KernelBenchOptions& opt, double copy_gbs, Ker
 KernelBenchResult run_kernel_bench(const KernelBenchOptions& opt) {
   CM_CU_CHECK(device_count() > 0, "bench kernels: no CUDA device found");
   CM_CU_CHECK(!opt.ms.empty(), "bench kernels: no M values given");
-  Context ctx(0);
+  Context ctx(0, opt.pdl);
   cudaDeviceProp prop{};
   CM_CUDA(cudaGetDeviceProperties(&prop, 0));
   KernelBenchResult res;

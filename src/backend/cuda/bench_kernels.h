@@ -13,6 +13,7 @@ struct KernelBenchOptions {
   std::vector<int> moe_tokens{1, 16, 256};
   std::string only;  // substring filter on shape names ("" = all)
   int repeats = 7;   // timed graph launches per measurement (median reported)
+  bool pdl = true;   // programmatic dependent launch for the decode kernels (Context's pdl)
 };
 
 struct KernelBenchRow {

@@ -3,8 +3,9 @@
 // FP32 accumulation and BF16 or FP32 output.
 //  - M <= 64: tensor-core decode kernel (mma.sync, in-register E2M1 expansion,
 //    split-K across CTAs with an in-kernel last-arriver reduction);
-//  - M > 64: the weight is expanded to BF16 panel by panel and multiplied by
-//    cuBLAS (a wgmma kernel with in-register expansion is not written yet).
+//  - M > 64: the wgmma kernel (sm90_nvfp4_wgmma.cu: TMA + mbarrier pipeline,
+//    the weight expanded in registers as wgmma's A operand), or, for shapes it
+//    does not take, the weight expanded to BF16 panels and multiplied by cuBLAS.
 // Grouped linears (V4's wo_a: G independent [N/G, K] blocks, each applied to
 // its own K-slice of x) are the same call with groups = G.
 #pragma once
@@ -17,6 +18,10 @@
 namespace cm::cuda {
 
 enum class OutType : uint8_t { F32, BF16 };
+
+// Which kernel serves M > decode_max_m. Auto: wgmma where supported, else
+// dequant + cuBLAS. Asking for Wgmma on a shape it does not take throws.
+enum class PrefillKernel : uint8_t { Auto, Wgmma, DequantCublas };
 
 struct DeviceLinear {
   std::string name;
@@ -40,7 +45,16 @@ void fill_random_packed(void* data, size_t data_bytes, void* scales, size_t scal
 // y[m * ldy + n] for m < M, n < N. x: bf16 [M, ldx] (ldx >= groups*K), device pointers.
 // decode_max_m: largest M served by the decode kernel (else dequant + cuBLAS).
 void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
-                  int64_t ldy, OutType out, int64_t decode_max_m = 64);
+                  int64_t ldy, OutType out, int64_t decode_max_m = 64, PrefillKernel prefill = PrefillKernel::Auto);
+
+// The kernel linear_nvfp4 runs for these arguments ("mma.sync decode", "wgmma", "dequant+cuBLAS").
+const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_max_m = 64,
+                              PrefillKernel prefill = PrefillKernel::Auto);
+
+// The wgmma prefill kernel alone: any M >= 1; grouped weights need N/groups % 128 == 0 and K % 64 == 0.
+bool wgmma_nvfp4_supported(const DeviceLinear& w, int64_t M);
+void linear_nvfp4_wgmma(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
+                        int64_t ldy, OutType out);
 
 // Expands W to bf16 [N, K] row-major, values exact (includes scale_2 only if apply_scale_2).
 void dequant_nvfp4_bf16(Context& ctx, const DeviceLinear& w, int64_t row0, int64_t rows, uint16_t* out,

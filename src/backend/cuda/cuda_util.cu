@@ -65,7 +65,7 @@ void* Arena::take(size_t bytes, size_t align) {
   return static_cast<char*>(buf_.get()) + start;
 }
 
-Context::Context(int device) {
+Context::Context(int device, bool pdl) : pdl_(pdl) {
   CM_CU_CHECK(device_count() > device, "no CUDA device %d (found %d)", device, device_count());
   CM_CUDA(cudaSetDevice(device));
   // A blocking stream: it stays ordered with work on the legacy default stream (uploads, fills).

@@ -80,7 +80,11 @@ class Arena {
 // that stream and must not be shared between streams.
 class Context {
  public:
-  explicit Context(int device = 0);
+  // pdl: launch the decode kernels with programmatic dependent launch, so a
+  // kernel starts (and prefetches its weights into L2) while the previous
+  // kernel on the stream finishes; its activations are read only after
+  // griddepcontrol.wait. Off = plain stream order (bench --no-pdl).
+  explicit Context(int device = 0, bool pdl = true);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -89,6 +93,7 @@ class Context {
   void* cublas() const { return cublas_; }  // cublasHandle_t, bound to stream()
   void sync();
   int sm_count() const { return sm_count_; }
+  bool pdl() const { return pdl_; }
 
   // Split-K partial sums (f32) and per-tile arrival counters (kept at zero
   // between launches by the kernels themselves).
@@ -101,7 +106,27 @@ class Context {
   cudaStream_t stream_ = nullptr;
   void* cublas_ = nullptr;
   int sm_count_ = 0;
+  bool pdl_ = true;
   DeviceBuffer partials_, counters_, panel_, cublas_ws_;
 };
+
+// Launches kernel<<<grid, block, smem, ctx.stream()>>>(args...), with the
+// programmatic-stream-serialization attribute when ctx.pdl(). The kernel must
+// call griddepcontrol.wait before reading anything a previous kernel wrote.
+template <typename... KArgs, typename... Args>
+void launch_kernel(Context& ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, const char* name,
+                   Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = ctx.stream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = ctx.pdl() ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), name, __FILE__, __LINE__);
+}
 
 }  // namespace cm::cuda

@@ -55,6 +55,16 @@ __global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p)
   const int64_t c_begin = int64_t(split) * p.chunks_per_split;
   const int64_t c_end = min(p.chunks, c_begin + p.chunks_per_split);
   const int64_t xcol = int64_t(rb * 16 / p.rows_per_group) * p.K + 16 * t;
+  // Weights never depend on earlier kernels: start pulling this CTA's slice
+  // into L2 now, then wait for the previous kernel (programmatic dependent
+  // launch; a no-op without it) before reading x or the split-K workspace.
+  if (threadIdx.x == 0 && c_end > c_begin) {
+    const int64_t u0 = int64_t(rb) * p.chunks + c_begin, n = c_end - c_begin;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.w + u0 * 32), "r"(uint32_t(n * 512)) : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.s + u0 * 32), "r"(uint32_t(n * 64)) : "memory");
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
 
   const uint4* const wb[1] = {p.w + int64_t(rb) * p.chunks * 32 + lane};
   const uint16_t* const sb[1] = {p.s + int64_t(rb) * p.chunks * 32 + g * 4 + t};
@@ -195,8 +205,8 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
     // the plain loop (measured faster here than the pipelined one).
     p.ksplit = 1;
     p.chunks_per_split = int(w.chunks);
-    nvfp4_decode_kernel<MT, false><<<unsigned(w.row_blocks), 128, 0, ctx.stream()>>>(p);
-    CM_CUDA_LAUNCH("nvfp4_decode_kernel");
+    launch_kernel(ctx, nvfp4_decode_kernel<MT, false>, dim3(unsigned(w.row_blocks)), dim3(128), 0,
+                  "nvfp4_decode_kernel", p);
     return;
   }
   // Split K so that about one wave of CTAs covers the matrix, keeping at
@@ -217,8 +227,7 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
     p.counters = ctx.splitk_counters(size_t(w.row_blocks));
   }
   dim3 grid(unsigned(w.row_blocks), unsigned(ksplit));
-  nvfp4_decode_kernel<MT, true><<<grid, 128, 0, ctx.stream()>>>(p);
-  CM_CUDA_LAUNCH("nvfp4_decode_kernel");
+  launch_kernel(ctx, nvfp4_decode_kernel<MT, true>, grid, dim3(128), 0, "nvfp4_decode_kernel", p);
 }
 
 }  // namespace
@@ -278,8 +287,15 @@ void dequant_nvfp4_bf16(Context& ctx, const DeviceLinear& w, int64_t row0, int64
   CM_CUDA_LAUNCH("nvfp4_dequant_kernel");
 }
 
+const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_max_m, PrefillKernel prefill) {
+  if (M <= decode_max_m) return "mma.sync decode";
+  if (prefill == PrefillKernel::Wgmma || (prefill == PrefillKernel::Auto && wgmma_nvfp4_supported(w, M)))
+    return "wgmma";
+  return "dequant+cuBLAS";
+}
+
 void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
-                  OutType out, int64_t decode_max_m) {
+                  OutType out, int64_t decode_max_m, PrefillKernel prefill) {
   CM_CU_CHECK(ldx >= w.groups * w.K && ldy >= w.N, "linear '%s': leading dimensions too small", w.name.c_str());
   CM_CU_CHECK((ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0,
               "linear '%s': activations must be 16-byte aligned rows", w.name.c_str());
@@ -294,6 +310,10 @@ void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_
       else if (mm <= 16) launch_decode<2>(ctx, w, xs, mm, ldx, ys, ldy, out);
       else launch_decode<4>(ctx, w, xs, mm, ldx, ys, ldy, out);
     }
+    return;
+  }
+  if (prefill == PrefillKernel::Wgmma || (prefill == PrefillKernel::Auto && wgmma_nvfp4_supported(w, M))) {
+    linear_nvfp4_wgmma(ctx, w, x, M, ldx, y, ldy, out);
     return;
   }
   // Prefill: bf16 panels through cuBLAS (alpha = scale_2).
