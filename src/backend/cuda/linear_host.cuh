@@ -31,8 +31,8 @@ inline SplitK choose_splitk(int sm_count, int occupancy, int64_t row_blocks, int
 // Grouped weights (groups > 1) are expanded whole and run as one strided
 // batch; others in panels of at most 256 MB.
 template <typename Dequant>
-void prefill_bf16_panels(Context& ctx, const char* name, int64_t N, int64_t K, int groups, const uint16_t* x,
-                         int64_t M, int64_t ldx, void* y, int64_t ldy, OutType out, float alpha, Dequant&& dequant) {
+void prefill_bf16_panels(Context& ctx, const char* name, int64_t N, int64_t K, int groups, const uint16_t* x, int64_t M,
+                         int64_t ldx, void* y, int64_t ldy, OutType out, float alpha, Dequant&& dequant) {
   CM_CU_CHECK(K % 8 == 0, "linear '%s': K must be a multiple of 8 for the cuBLAS path", name);
   auto h = static_cast<cublasHandle_t>(ctx.cublas());
   const float beta = 0.f;
@@ -56,10 +56,10 @@ void prefill_bf16_panels(Context& ctx, const char* name, int64_t N, int64_t K, i
     const int64_t rows = std::min(panel_rows, N - r0);
     dequant(r0, rows, panel);
     void* yp = static_cast<char*>(y) + size_t(r0) * esize;
-    check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(M), int(K), &alpha, panel, CUDA_R_16BF,
-                              int(K), x, CUDA_R_16BF, int(ldx), &beta, yp, ct, int(ldy), CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT),
-                 "cublasGemmEx");
+    check_cublas(
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(M), int(K), &alpha, panel, CUDA_R_16BF, int(K), x,
+                     CUDA_R_16BF, int(ldx), &beta, yp, ct, int(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
   }
 }
 

@@ -162,9 +162,12 @@ void decode_slices(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
     const int64_t mm = std::min<int64_t>(32, M - m0);
     const uint16_t* xs = x + m0 * ldx;
     void* ys = static_cast<char*>(y) + size_t(m0 * ldy) * esize;
-    if (mm <= 8) launch_decode<1>(ctx, w, xs, mm, ldx, ys, ldy, out);
-    else if (mm <= 16) launch_decode<2>(ctx, w, xs, mm, ldx, ys, ldy, out);
-    else launch_decode<4>(ctx, w, xs, mm, ldx, ys, ldy, out);
+    if (mm <= 8)
+      launch_decode<1>(ctx, w, xs, mm, ldx, ys, ldy, out);
+    else if (mm <= 16)
+      launch_decode<2>(ctx, w, xs, mm, ldx, ys, ldy, out);
+    else
+      launch_decode<4>(ctx, w, xs, mm, ldx, ys, ldy, out);
   }
 }
 
@@ -214,8 +217,9 @@ const char* linear_fp8(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x
     return kFp8PathDecode;
   }
   if (w.pow2_scales) {
-    prefill_bf16_panels(ctx, w.name.c_str(), w.N, w.K, w.groups, x, M, ldx, y, ldy, out, 1.0f,
-                        [&](int64_t row0, int64_t rows, uint16_t* panel) { dequant_fp8_bf16(ctx, w, row0, rows, panel); });
+    prefill_bf16_panels(
+        ctx, w.name.c_str(), w.N, w.K, w.groups, x, M, ldx, y, ldy, out, 1.0f,
+        [&](int64_t row0, int64_t rows, uint16_t* panel) { dequant_fp8_bf16(ctx, w, row0, rows, panel); });
     return kFp8PathCublas;
   }
   decode_slices(ctx, w, x, M, ldx, y, ldy, out);
