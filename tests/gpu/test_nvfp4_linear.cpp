@@ -1,10 +1,7 @@
 // NVFP4 linear on the GPU against the CPU reference (linear_cpu) on fresh
 // random weights and activations: V4-Flash's real shapes and odd small ones,
 // decode (mma.sync) and prefill (dequant + cuBLAS) paths, BF16 and FP32
-// outputs, grouped wo_a. Bounds: ||y - ref|| / ||ref|| <= 1e-5 for FP32 output
-// (products are exact, only the fp32 summation order differs) and <= 1e-2 for
-// BF16 output (one bf16 rounding of each output), every output finite, and
-// canary bytes around and between the output rows untouched.
+// outputs, grouped wo_a. Bounds and canaries: linear_check.h.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -13,39 +10,13 @@
 #include "backend/cuda/nvfp4_pack.h"
 #include "common/error.h"
 #include "gpu_test_util.h"
+#include "linear_check.h"
 
 namespace cm {
 namespace {
 
 using gputest::random_bf16;
 using gputest::random_nvfp4;
-using gputest::rel_error;
-
-// CPU reference for a grouped linear: group g's rows read x[:, g*K:(g+1)*K].
-std::vector<float> reference(const LinearWeight& w, int groups, const std::vector<float>& x, int64_t M) {
-  const int64_t N = w.out_features, K = w.in_features, ng = N / groups;
-  std::vector<float> y(size_t(M * N));
-  for (int g = 0; g < groups; ++g) {
-    LinearWeight v;
-    v.name = w.name;
-    v.format = w.format;
-    v.out_features = ng;
-    v.in_features = K;
-    v.data = w.data + size_t(g * ng * K / 2);
-    v.scale = w.scale + size_t(g * ng * K / 16);
-    v.scale_dtype = w.scale_dtype;
-    v.scale_rows = ng;
-    v.scale_cols = K / 16;
-    v.scale_2 = w.scale_2;
-    std::vector<float> xs(size_t(M * K)), ys(size_t(M * ng));
-    for (int64_t m = 0; m < M; ++m)
-      std::memcpy(&xs[size_t(m * K)], &x[size_t(m * groups * K + g * K)], size_t(K) * 4);
-    linear_cpu(v, xs.data(), M, ys.data());
-    for (int64_t m = 0; m < M; ++m)
-      std::memcpy(&y[size_t(m * N + g * ng)], &ys[size_t(m * ng)], size_t(ng) * 4);
-  }
-  return y;
-}
 
 struct Case {
   int64_t N, K;
@@ -69,43 +40,13 @@ void run_case(cuda::Context& ctx, const Case& c, uint64_t seed,
     std::vector<uint16_t> xb;
     std::vector<float> xf;
     random_bf16(size_t(M * KX), seed * 31 + uint64_t(M), 2.0f, xb, xf);
-    const std::vector<float> ref = reference(w, c.groups, xf, M);
     cuda::DeviceBuffer dx(xb.size() * 2);
     dx.upload(xb.data(), xb.size() * 2);
-    for (cuda::OutType ot : {cuda::OutType::F32, cuda::OutType::BF16}) {
-      const size_t es = ot == cuda::OutType::F32 ? 4 : 2;
-      const int64_t ldy = c.N + 8;  // 8 canary columns after each row
-      const size_t pad = 4096, body = size_t(M * ldy) * es;
-      cuda::DeviceBuffer dy(pad + body + pad);
-      CM_CUDA(cudaMemset(dy.get(), 0xA5, dy.size()));
-      cuda::linear_nvfp4(ctx, dw, dx.as<const uint16_t>(), M, KX, dy.as<char>() + pad, ldy, ot, decode_max_m,
-                         prefill);
-      ctx.sync();
-      std::vector<uint8_t> raw(dy.size());
-      dy.download(raw.data(), raw.size());
-      for (size_t i = 0; i < pad; ++i) {
-        ASSERT_EQ(raw[i], 0xA5) << "canary before the output overwritten at " << i;
-        ASSERT_EQ(raw[pad + body + i], 0xA5) << "canary after the output overwritten at " << i;
-      }
-      std::vector<float> y(size_t(M * c.N));
-      for (int64_t m = 0; m < M; ++m) {
-        const uint8_t* row = raw.data() + pad + size_t(m * ldy) * es;
-        for (int64_t n = 0; n < c.N; ++n) {
-          if (es == 4) std::memcpy(&y[size_t(m * c.N + n)], row + n * 4, 4);
-          else {
-            uint16_t b;
-            std::memcpy(&b, row + n * 2, 2);
-            y[size_t(m * c.N + n)] = bf16_to_f32(b);
-          }
-        }
-        for (size_t i = size_t(c.N) * es; i < size_t(ldy) * es; ++i)
-          ASSERT_EQ(row[i], 0xA5) << "canary column overwritten in row " << m;
-      }
-      int64_t nonfinite = 0;
-      const double err = rel_error(y, ref, &nonfinite);
-      EXPECT_EQ(nonfinite, 0);
-      EXPECT_LE(err, ot == cuda::OutType::F32 ? 1e-5 : 1e-2) << (ot == cuda::OutType::F32 ? "f32" : "bf16");
-    }
+    gputest::check_linear_outputs(M, c.N, gputest::reference_linear(w, c.groups, xf, M),
+                                  [&](void* y, int64_t ldy, cuda::OutType ot) {
+                                    cuda::linear_nvfp4(ctx, dw, dx.as<const uint16_t>(), M, KX, y, ldy, ot,
+                                                       decode_max_m, prefill);
+                                  });
   }
 }
 

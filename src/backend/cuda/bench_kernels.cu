@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <random>
 #include <set>
+#include <type_traits>
 
 #include "backend/cuda/bench_kernels.h"
+#include "backend/cuda/cuda_fp8_linear.h"
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/cuda_util.h"
@@ -270,6 +272,138 @@ void bench_moe(Context& ctx, const KernelBenchOptions& opt, double copy_gbs, Ker
   }
 }
 
+// DeepSeek's release formats on the shapes they hold in V4-Flash: FP8 128x128
+// blocks (E8M0 scales) for attention, MXFP4 for the routed experts (through
+// the NVFP4 kernels after the repack). Weights are real uploads of random
+// host weights, cloned on the device for the L2 rotation. bytes = device bytes
+// of the weight (packed FP8 + f32 block scales; for MXFP4 the NVFP4 layout,
+// one scale byte per 16) + activations + output. The cuBLAS BF16 baseline and
+// the NVFP4 path label are taken from the NVFP4 row of the same shape and M
+// when this run measured it (0 = not run).
+void bench_release_formats(Context& ctx, const KernelBenchOptions& opt, double copy_gbs, KernelBenchResult& res) {
+  struct Rel {
+    const char* name;
+    bool fp8;
+    int64_t N, K;
+  };
+  const Rel shapes[] = {{"fp8 q_a 4096->1024", true, 1024, 4096},       {"fp8 q_b 1024->32768", true, 32768, 1024},
+                        {"fp8 wo_b 8192->4096", true, 4096, 8192},      {"mxfp4 gate/up 4096->2048", false, 2048, 4096},
+                        {"mxfp4 down 2048->4096", false, 4096, 2048}};
+  const int64_t mmax = *std::max_element(opt.ms.begin(), opt.ms.end());
+  auto clone = [](const DeviceBuffer& b) {
+    DeviceBuffer c(b.size());
+    CM_CUDA(cudaMemcpy(c.get(), b.get(), b.size(), cudaMemcpyDeviceToDevice));
+    return c;
+  };
+  auto clone_linear = [&](const auto& o) {  // DeviceFp8Linear or DeviceLinear
+    std::decay_t<decltype(o)> c;
+    c.name = o.name;
+    c.N = o.N;
+    c.K = o.K;
+    c.row_blocks = o.row_blocks;
+    c.chunks = o.chunks;
+    c.groups = o.groups;
+    if constexpr (std::is_same_v<decltype(c), DeviceFp8Linear>) {
+      c.scale_rows = o.scale_rows;
+      c.scale_cols = o.scale_cols;
+      c.pow2_scales = o.pow2_scales;
+    } else {
+      c.scale_2 = o.scale_2;
+    }
+    c.data = clone(o.data);
+    c.scales = clone(o.scales);
+    return c;
+  };
+  for (const Rel& s : shapes) {
+    if (!opt.only.empty() && std::string(s.name).find(opt.only) == std::string::npos) continue;
+    const int64_t N = s.N, K = s.K;
+    std::mt19937_64 rng(uint64_t(N * 7 + K));
+    LinearWeight w;
+    w.name = s.name;
+    w.out_features = N;
+    w.in_features = K;
+    if (s.fp8) {
+      w.format = WeightFormat::FP8_BLOCK;
+      w.owned.resize(size_t(N * K));
+      for (auto& b : w.owned) b = uint8_t(rng() & 0xF7);  // never the NaN codes 0x7F/0xFF
+      w.scale_rows = (N + 127) / 128;
+      w.scale_cols = (K + 127) / 128;
+      w.owned_scale.assign(size_t(w.scale_rows * w.scale_cols), uint8_t(127 - 10));
+    } else {
+      w.format = WeightFormat::MXFP4;
+      w.owned.resize(size_t(N * K / 2));
+      for (auto& b : w.owned) b = uint8_t(rng());
+      w.scale_rows = N;
+      w.scale_cols = K / 32;
+      w.owned_scale.resize(size_t(N * K / 32));
+      for (auto& e : w.owned_scale) e = uint8_t(118 + rng() % 6);
+    }
+    w.data = w.owned.data();
+    w.scale = w.owned_scale.data();
+    w.scale_dtype = DType::F8_E8M0;
+    std::vector<DeviceFp8Linear> f8;
+    std::vector<DeviceLinear> f4;
+    if (s.fp8) f8.push_back(upload_fp8(w));
+    else f4.push_back(upload_nvfp4(w));
+    const size_t data_bytes = s.fp8 ? f8[0].data.size() : f4[0].data.size();
+    const double wbytes = double(s.fp8 ? f8[0].device_bytes() : f4[0].device_bytes());
+    const int copies = copies_for(wbytes);
+    for (int i = 1; i < copies; ++i) {  // same bytes at other addresses
+      if (s.fp8) f8.push_back(clone_linear(f8[0]));
+      else f4.push_back(clone_linear(f4[0]));
+    }
+    DeviceBuffer x(size_t(mmax * K) * 2), y(size_t(mmax * N) * 2);
+    fill_bf16(x.get(), mmax * K, 5);
+    CM_CUDA(cudaDeviceSynchronize());
+    const uint16_t* xp = x.as<const uint16_t>();
+    const size_t half = data_bytes / 2;
+    const double copy_us = time_calls(
+        ctx,
+        [&](int i) {
+          char* d = (s.fp8 ? f8[size_t(i)].data : f4[size_t(i)].data).as<char>();
+          CM_CUDA(cudaMemcpyAsync(d + half, d, half, cudaMemcpyDeviceToDevice, ctx.stream()));
+        },
+        copies, opt.repeats);
+    for (int64_t M : opt.ms) {
+      KernelBenchRow r;
+      r.kind = "linear";
+      r.name = s.name;
+      r.M = M;
+      r.N = N;
+      r.K = K;
+      const KernelBenchRow* nv = nullptr;  // the NVFP4 row of this shape and M, if measured
+      for (const KernelBenchRow& o : res.rows)
+        if (o.kind == "linear" && o.N == N && o.K == K && o.M == M && o.groups == 1 && o.name.rfind("fp8", 0) != 0 &&
+            o.name.rfind("mxfp4", 0) != 0)
+          nv = &o;
+      if (s.fp8) {
+        r.path = linear_fp8(ctx, f8[0], xp, M, K, y.get(), N, OutType::BF16);
+      } else {
+        r.path = nv ? nv->path : (M <= 64 ? "mma.sync decode" : "dequant+cuBLAS");
+      }
+      r.us = time_calls(
+          ctx,
+          [&](int i) {
+            if (s.fp8) linear_fp8(ctx, f8[size_t(i)], xp, M, K, y.get(), N, OutType::BF16);
+            else linear_nvfp4(ctx, f4[size_t(i)], xp, M, K, y.get(), N, OutType::BF16);
+          },
+          copies, opt.repeats);
+      const double flop = 2.0 * double(M) * double(N) * double(K);
+      r.bytes = wbytes + double(M * K) * 2 + double(M * N) * 2;
+      r.gbs = r.bytes / (r.us * 1e-6) / 1e9;
+      r.frac_copy = r.gbs / copy_gbs;
+      r.tflops = flop / (r.us * 1e-6) / 1e12;
+      r.copy_us = copy_us;
+      if (nv && nv->cublas_us > 0) {
+        r.cublas_us = nv->cublas_us;
+        r.cublas_tflops = nv->cublas_tflops;
+        r.speedup = r.cublas_us / r.us;
+      }
+      res.rows.push_back(r);
+    }
+  }
+}
+
 }  // namespace
 
 KernelBenchResult run_kernel_bench(const KernelBenchOptions& opt) {
@@ -292,6 +426,7 @@ KernelBenchResult run_kernel_bench(const KernelBenchOptions& opt) {
     if (!opt.only.empty() && std::string(s.name).find(opt.only) == std::string::npos) continue;
     bench_linear(ctx, opt, s, res.copy_gbs, res);
   }
+  bench_release_formats(ctx, opt, res.copy_gbs, res);
   if (!opt.moe_tokens.empty() && (opt.only.empty() || std::string("moe").find(opt.only) != std::string::npos))
     bench_moe(ctx, opt, res.copy_gbs, res);
   return res;

@@ -29,8 +29,18 @@ struct Nvfp4Packed {
   std::vector<uint8_t> scales;  // row_blocks * chunks * 64
 };
 
-// Repacks an NVFP4 weight (throws cm::Error for other formats, odd K, NaN scales).
+// Repacks an NVFP4 weight (throws cm::Error for other formats, odd K, NaN
+// scales). An MXFP4 weight is forwarded to pack_mxfp4, so every caller (the
+// linear and MoE uploads) takes both FP4 formats.
 Nvfp4Packed pack_nvfp4(const LinearWeight& w);
+
+// MXFP4 (E2M1 + one E8M0 scale per 32 k, spec 9.3) into the same layout and
+// kernels: each E8M0 scale becomes the scale byte of its two 16-blocks, and
+// scale_2 is the power of two that puts the tensor's largest exponent at the
+// top of the byte's kScaleWindow binades, so every block is exact. Throws
+// cm::Error naming the tensor when the exponents span more binades than that,
+// for the E8M0 NaN code 0xFF, K not divisible by 32, or a bad scale shape.
+Nvfp4Packed pack_mxfp4(const LinearWeight& w);
 
 // Inverse view used by tests: the fp32 value of W[n, k] as the kernel sees it
 // (code x scale x scale_2), read back from the packed bytes.
@@ -41,8 +51,12 @@ inline constexpr int kPackChunkK = 64;
 inline constexpr int kPackRows = 16;
 // bf16 scale = byte*16 + kScaleBias*128 equals scale * 2^kScaleShift; the raw
 // E2M1 bf16 is value * 2^-126, so mma products carry 2^(kScaleShift-126).
+// The packed scale byte is an unsigned E5M3 with exponent bias kScaleExpBias:
+// it spans the kScaleWindow binades 2^-9 .. 2^22 (E4M3 scales use 2^-9 .. 2^8).
+inline constexpr int kScaleExpBias = 9;
+inline constexpr int kScaleWindow = 32;
 inline constexpr int kScaleShift = 100;
-inline constexpr int kScaleBias = 118 + kScaleShift;
+inline constexpr int kScaleBias = 127 - kScaleExpBias + kScaleShift;
 inline constexpr float kEpilogueFactor = 67108864.0f;  // 2^(126 - kScaleShift) = 2^26
 
 }  // namespace cm::cuda

@@ -84,6 +84,23 @@ __device__ __forceinline__ void chunk_mma(const uint4& wv, uint32_t sv, const ui
   }
 }
 
+// This lane's 16 activations (k = 64c + 16t .. +15) of each of its MT tokens
+// for chunk c, zeros where the chunk lies past K (kin false) or the token is absent.
+template <int MT>
+__device__ __forceinline__ void load_x_chunk(uint4 (&xv)[MT][2], const __nv_bfloat16* const (&xrow)[MT],
+                                             const bool (&xok)[MT], int64_t c, bool kin) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    if (kin && xok[mt]) {
+      const uint4* xp = reinterpret_cast<const uint4*>(xrow[mt] + c * 64);
+      xv[mt][0] = __ldg(xp);
+      xv[mt][1] = __ldg(xp + 1);
+    } else {
+      xv[mt][0] = xv[mt][1] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // Registers for U chunks of NW weight matrices and their activations.
 template <int MT, int U, int NW>
 struct ChunkBatch {
@@ -106,17 +123,7 @@ __device__ __forceinline__ void load_batch(ChunkBatch<MT, U, NW>& b, const uint4
       b.wv[u][m] = cin ? ld_stream(wb[m] + c * 32) : make_uint4(0, 0, 0, 0);
       b.sv[u][m] = cin ? uint32_t(sb[m][c * 32]) : 0u;
     }
-    const bool kin = cin && (c * 64 + 16 * t < K);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      if (kin && xok[mt]) {
-        const uint4* xp = reinterpret_cast<const uint4*>(xrow[mt] + c * 64);
-        b.xv[u][mt][0] = __ldg(xp);
-        b.xv[u][mt][1] = __ldg(xp + 1);
-      } else {
-        b.xv[u][mt][0] = b.xv[u][mt][1] = make_uint4(0, 0, 0, 0);
-      }
-    }
+    load_x_chunk<MT>(b.xv[u], xrow, xok, c, cin && (c * 64 + 16 * t < K));
   }
 }
 

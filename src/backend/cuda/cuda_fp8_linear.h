@@ -1,0 +1,56 @@
+// FP8 128x128-block linear layers on Hopper (DeepSeek's release format for
+// the attention and shared-expert projections, spec 9.2): the E4M3 weight is
+// uploaded in its stored size (repacked, fp8_pack.h) and
+// y[M, N] = x[M, K] * W^T with BF16 activations, FP32 accumulation and BF16 or
+// FP32 output, through the same structure as the NVFP4 kernels
+// (cuda_linear.h):
+//  - M <= decode_max_m: tensor-core decode kernel (mma.sync with in-register
+//    E4M3 -> BF16 expansion, the block scale applied in FP32 per 64-k chunk,
+//    split-K with the deterministic last-arriver reduction);
+//  - larger M with power-of-two scales (always for E8M0 in range): the weight
+//    is expanded to exact BF16 panels and multiplied by cuBLAS;
+//  - larger M with other F32 scales (e4m3 * scale not exact in bf16): the
+//    decode kernel over 32-token slices, exact but slower. Never a silent
+//    precision loss.
+// Grouped linears (V4's wo_a) are the same call with groups = G.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/cuda_util.h"
+#include "ops/linear.h"
+
+namespace cm::cuda {
+
+struct DeviceFp8Linear {
+  std::string name;
+  int64_t N = 0, K = 0;
+  int64_t row_blocks = 0, chunks = 0;
+  int64_t scale_rows = 0, scale_cols = 0;
+  int groups = 1;            // x has groups*K columns; rows [g*N/groups, (g+1)*N/groups) read slice g
+  bool pow2_scales = false;  // prefill may expand to bf16 exactly
+  DeviceBuffer data;         // packed E4M3 (fp8_pack.h)
+  DeviceBuffer scales;       // f32 [scale_rows, scale_cols]
+  size_t device_bytes() const { return data.size() + scales.size(); }
+};
+
+// The kernel path names linear_fp8 returns (also the bench's `path`).
+inline constexpr const char* kFp8PathDecode = "fp8 mma.sync decode";
+inline constexpr const char* kFp8PathCublas = "fp8 dequant+cuBLAS";
+inline constexpr const char* kFp8PathSlices = "fp8 mma.sync 32-token slices (non-pow2 F32 scales)";
+
+// Repacks on the host and uploads. groups > 1 needs N divisible by 16*groups.
+// Throws cm::Error naming the tensor for bad shapes and NaN/Inf/zero scales.
+DeviceFp8Linear upload_fp8(const LinearWeight& w, int groups = 1);
+
+// y[m * ldy + n] for m < M, n < N. x: bf16 [M, ldx] (ldx >= groups*K), device
+// pointers. Returns the path that ran (one of kFp8Path*).
+const char* linear_fp8(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
+                       int64_t ldy, OutType out, int64_t decode_max_m = 64);
+
+// Expands rows [row0, row0+rows) (row0 % 16 == 0) to bf16 [rows, K] row-major,
+// e4m3 * scale exactly. Only for pow2_scales weights (throws otherwise).
+void dequant_fp8_bf16(Context& ctx, const DeviceFp8Linear& w, int64_t row0, int64_t rows, uint16_t* out);
+
+}  // namespace cm::cuda

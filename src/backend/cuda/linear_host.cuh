@@ -1,0 +1,66 @@
+// Host-side pieces shared by the weight-format linears (FP8 now; the NVFP4
+// linear in sm90_nvfp4_linear.cu has the same logic inline and can move here):
+// the split-K choice of the decode kernels and the prefill through exact BF16
+// weight panels and cuBLAS.
+#pragma once
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/cuda_util.h"
+
+namespace cm::cuda {
+
+// K split of a decode launch over row_blocks CTAs of `chunks` 64-k chunks:
+// about one wave of CTAs (sm_count * occupancy) while keeping at least 2
+// chunks per warp (8 per CTA) so the pipelined loads overlap the math.
+struct SplitK {
+  int64_t ksplit = 1, per = 1;  // splits, chunks per split
+};
+inline SplitK choose_splitk(int sm_count, int occupancy, int64_t row_blocks, int64_t chunks) {
+  const int64_t target = int64_t(sm_count) * std::max(occupancy, 1);
+  int64_t ksplit = std::clamp<int64_t>(target / row_blocks, 1, std::max<int64_t>(1, chunks / 8));
+  const int64_t per = (chunks + ksplit - 1) / ksplit;
+  return SplitK{(chunks + per - 1) / per, per};
+}
+
+// y = alpha * x * W^T through cuBLAS BF16 GEMMs (FP32 compute) on weight
+// panels that dequant(row0, rows, panel) expands to exact bf16 [rows, K].
+// Grouped weights (groups > 1) are expanded whole and run as one strided
+// batch; others in panels of at most 256 MB.
+template <typename Dequant>
+void prefill_bf16_panels(Context& ctx, const char* name, int64_t N, int64_t K, int groups, const uint16_t* x, int64_t M,
+                         int64_t ldx, void* y, int64_t ldy, OutType out, float alpha, Dequant&& dequant) {
+  CM_CU_CHECK(K % 8 == 0, "linear '%s': K must be a multiple of 8 for the cuBLAS path", name);
+  auto h = static_cast<cublasHandle_t>(ctx.cublas());
+  const float beta = 0.f;
+  const cudaDataType_t ct = out == OutType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const size_t esize = out == OutType::BF16 ? 2 : 4;
+  if (groups > 1) {
+    const int64_t ng = N / groups;
+    uint16_t* panel = static_cast<uint16_t*>(ctx.panel_scratch(size_t(N * K) * 2));
+    dequant(int64_t(0), N, panel);
+    check_cublas(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(ng), int(M), int(K), &alpha, panel,
+                                            CUDA_R_16BF, int(K), ng * K, x, CUDA_R_16BF, int(ldx), K, &beta, y, ct,
+                                            int(ldy), ng, groups, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmStridedBatchedEx");
+    return;
+  }
+  const int64_t max_panel_bytes = int64_t(256) << 20;
+  int64_t panel_rows = std::max<int64_t>(16, (max_panel_bytes / (2 * K)) / 16 * 16);
+  panel_rows = std::min(panel_rows, (N + 15) / 16 * 16);
+  uint16_t* panel = static_cast<uint16_t*>(ctx.panel_scratch(size_t(panel_rows * K) * 2));
+  for (int64_t r0 = 0; r0 < N; r0 += panel_rows) {
+    const int64_t rows = std::min(panel_rows, N - r0);
+    dequant(r0, rows, panel);
+    void* yp = static_cast<char*>(y) + size_t(r0) * esize;
+    check_cublas(
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(M), int(K), &alpha, panel, CUDA_R_16BF, int(K), x,
+                     CUDA_R_16BF, int(ldx), &beta, yp, ct, int(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+  }
+}
+
+}  // namespace cm::cuda

@@ -1,0 +1,123 @@
+// Device helpers of the FP8 128x128-block kernels (linear decode, dequant):
+// in-register E4M3 -> BF16 expansion of the packed layout (fp8_pack.h) and the
+// per-warp walk over 64-k chunks, built on the NVFP4 helpers (mma_16816,
+// ld_stream, bf16x2_mul, the activation fragment order).
+//
+// Exactness: prmt + shift + mask gives the E4M3 value times 2^-120 as a bf16
+// (fp8_pack.h), one exact bf16x2 multiply by 2^120 gives the E4M3 value
+// itself, so the mma products are e4m3 * x exactly and never fall into the
+// fp32 subnormal range the way 2^-120-scaled operands would. Each chunk's four
+// mma steps accumulate into a zeroed fp32 tile that is then fma'd into the
+// accumulator with the chunk's block scale in fp32 (E8M0 and F32 scales alike).
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/fp8_pack.h"
+#include "backend/cuda/sm90_nvfp4.cuh"
+
+namespace cm::cuda::sm90 {
+
+// prmt.b32 in its default mode: selector nibbles with bit 3 set replicate the sign of the chosen byte.
+__device__ __forceinline__ uint32_t prmt_sign(uint32_t a, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(0u), "r"(sel));
+  return d;
+}
+
+// Codes in bytes 0,1 (lo) or 2,3 (hi) of w -> bf16x2 holding their exact E4M3 values.
+__device__ __forceinline__ uint32_t fp8x2_lo(uint32_t w) {
+  return bf16x2_mul(fp8x2_to_bf16x2_raw(prmt_sign(w, 0x9180u)), kBf16x2Pow120);
+}
+__device__ __forceinline__ uint32_t fp8x2_hi(uint32_t w) {
+  return bf16x2_mul(fp8x2_to_bf16x2_raw(prmt_sign(w, 0xB3A2u)), kBf16x2Pow120);
+}
+
+// One 16-row x 64-k chunk (w0: row g, w1: row g+8) against MT groups of 8
+// tokens; acc += scale * (chunk products).
+template <int MT>
+__device__ __forceinline__ void fp8_chunk_mma(const uint4& w0, const uint4& w1, float scale, const uint4 (&xv)[MT][2],
+                                              float (&acc)[MT][4]) {
+  float tmp[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) tmp[mt][0] = tmp[mt][1] = tmp[mt][2] = tmp[mt][3] = 0.f;
+  const uint32_t r0[4] = {w0.x, w0.y, w0.z, w0.w}, r1[4] = {w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t a[4] = {fp8x2_lo(r0[j]), fp8x2_lo(r1[j]), fp8x2_hi(r0[j]), fp8x2_hi(r1[j])};
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const uint4& xq = xv[mt][j >> 1];
+      mma_16816(tmp[mt], a, (j & 1) ? xq.z : xq.x, (j & 1) ? xq.w : xq.y);
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[mt][i] = fmaf(tmp[mt][i], scale, acc[mt][i]);
+}
+
+// Registers for U chunks in flight.
+template <int MT, int U>
+struct Fp8Batch {
+  uint4 w0[U], w1[U];
+  float s[U];
+  uint4 xv[U][MT][2];
+};
+
+// wb: the row block's first chunk, offset by lane (uint4 units, 64 per chunk);
+// sb: the row block's scale row (one f32 per 128 k = 2 chunks).
+template <int MT, int U>
+__device__ __forceinline__ void fp8_load(Fp8Batch<MT, U>& b, const uint4* wb, const float* sb,
+                                         const __nv_bfloat16* const (&xrow)[MT], const bool (&xok)[MT], int64_t c0,
+                                         int64_t c_end, int64_t cstep, int64_t K, int t) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t c = c0 + cstep * u;
+    const bool cin = c < c_end;
+    b.w0[u] = cin ? ld_stream(wb + c * 64) : make_uint4(0, 0, 0, 0);
+    b.w1[u] = cin ? ld_stream(wb + c * 64 + 32) : make_uint4(0, 0, 0, 0);
+    b.s[u] = cin ? __ldg(sb + (c >> 1)) : 0.f;
+    load_x_chunk<MT>(b.xv[u], xrow, xok, c, cin && (c * 64 + 16 * t < K));
+  }
+}
+
+template <int MT, int U>
+__device__ __forceinline__ void fp8_compute(const Fp8Batch<MT, U>& b, int64_t c0, int64_t c_end, int64_t cstep,
+                                            float (&acc)[MT][4]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (c0 + cstep * u < c_end) fp8_chunk_mma<MT>(b.w0[u], b.w1[u], b.s[u], b.xv[u], acc);
+}
+
+// One warp's walk over chunks c_first, c_first+cstep, ... < c_end; PIPE as in
+// warp_kloop (sm90_nvfp4.cuh): the next U chunks' loads are issued before the
+// current U chunks are expanded and multiplied.
+template <int MT, int U, bool PIPE>
+__device__ __forceinline__ void fp8_warp_kloop(const uint4* wb, const float* sb, const __nv_bfloat16* const (&xrow)[MT],
+                                               const bool (&xok)[MT], int64_t c_first, int64_t c_end, int64_t cstep,
+                                               int64_t K, int t, float (&acc)[MT][4]) {
+  if (c_first >= c_end) return;
+  const int64_t step = cstep * U;
+  if constexpr (!PIPE) {
+    for (int64_t c0 = c_first; c0 < c_end; c0 += step) {
+      Fp8Batch<MT, U> a;
+      fp8_load(a, wb, sb, xrow, xok, c0, c_end, cstep, K, t);
+      fp8_compute(a, c0, c_end, cstep, acc);
+    }
+    return;
+  }
+  Fp8Batch<MT, U> a, b;
+  fp8_load(a, wb, sb, xrow, xok, c_first, c_end, cstep, K, t);
+  for (int64_t c0 = c_first;; c0 += 2 * step) {
+    if (c0 + step < c_end) fp8_load(b, wb, sb, xrow, xok, c0 + step, c_end, cstep, K, t);
+    fp8_compute(a, c0, c_end, cstep, acc);
+    if (c0 + step >= c_end) break;
+    if (c0 + 2 * step < c_end) fp8_load(a, wb, sb, xrow, xok, c0 + 2 * step, c_end, cstep, K, t);
+    fp8_compute(b, c0 + step, c_end, cstep, acc);
+    if (c0 + 2 * step >= c_end) break;
+  }
+}
+
+}  // namespace cm::cuda::sm90
