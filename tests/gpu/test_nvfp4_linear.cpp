@@ -156,7 +156,7 @@ TEST(GpuNvfp4Linear, ChainedLaunchesSeeEarlierOutputs) {
       dy.download(y.data(), y.size() * 4);
       int64_t nonfinite = 0;
       // h is rounded to bf16 on both sides; the fp32 sums before that rounding may differ in the last bit
-      EXPECT_LE(rel_error(y, ref, &nonfinite), 2e-3) << "pdl=" << pdl << " round " << round;
+      EXPECT_LE(gputest::rel_error(y, ref, &nonfinite), 2e-3) << "pdl=" << pdl << " round " << round;
       ASSERT_EQ(nonfinite, 0) << "pdl=" << pdl << " round " << round;
     }
   }
