@@ -374,12 +374,14 @@ void bench_release_formats(Context& ctx, const KernelBenchOptions& opt, double c
       const KernelBenchRow* nv = nullptr;  // the NVFP4 row of this shape and M, if measured
       for (const KernelBenchRow& o : res.rows)
         if (o.kind == "linear" && o.N == N && o.K == K && o.M == M && o.groups == 1 && o.name.rfind("fp8", 0) != 0 &&
-            o.name.rfind("mxfp4", 0) != 0)
-          nv = &o;
+            o.name.rfind("mxfp4", 0) != 0) {
+          nv = &o;  // the first one: the default path's row
+          break;
+        }
       if (s.fp8) {
         r.path = linear_fp8(ctx, f8[0], xp, M, K, y.get(), N, OutType::BF16);
       } else {
-        r.path = nv ? nv->path : (M <= 64 ? "mma.sync decode" : "dequant+cuBLAS");
+        r.path = linear_nvfp4_path(f4[0], M);
       }
       r.us = time_calls(
           ctx,
