@@ -13,8 +13,10 @@ print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for r in d["rows"]:
     if r["kind"] != "linear":
         continue
+    cub = (f"{r['cublas_us']:.2f} | {r['cublas_tflops']:.1f} | {r['speedup_vs_cublas']:.2f}x"
+           if r.get('cublas_us', 0) > 0 else "- | - | -")
     print(f"| {r['name']} | {r['M']} | {r['us']:.2f} | {r['gbs']:.0f} | {100*r['frac_copy']:.1f}% | {r['tflops']:.1f} | "
-          f"{r['cublas_us']:.2f} | {r['cublas_tflops']:.1f} | {r['speedup_vs_cublas']:.2f}x | {r['copy_us']:.2f} | {r['path']} |")
+          f"{cub} | {r['copy_us']:.2f} | {r['path']} |")
 print()
 print("| grouped MoE (256 experts, top-6, 4096/2048) | tokens | experts touched | us | GB/s over touched experts | % of copy |")
 print("|---|---:|---:|---:|---:|---:|")

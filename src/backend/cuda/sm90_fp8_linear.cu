@@ -57,6 +57,14 @@ __global__ void __launch_bounds__(128) fp8_decode_kernel(const Fp8DecodeParams p
   const int64_t c_begin = int64_t(split) * p.chunks_per_split;
   const int64_t c_end = min(p.chunks, c_begin + p.chunks_per_split);
   const int64_t xcol = int64_t(rb * 16 / p.rows_per_group) * p.K + 16 * t;
+  // As in the NVFP4 decode kernel: prefetch this CTA's weight slice into L2,
+  // then wait for the previous kernel (PDL) before touching x or the workspace.
+  if (threadIdx.x == 0 && c_end > c_begin) {
+    const int64_t u0 = int64_t(rb) * p.chunks + c_begin, n = c_end - c_begin;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.w + u0 * 64), "r"(uint32_t(n * 1024)) : "memory");
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
 
   const uint4* wb = p.w + int64_t(rb) * p.chunks * 64 + lane;
   const float* sb = p.s + int64_t(rb / 8) * p.scale_cols;
@@ -135,8 +143,8 @@ void launch_decode(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
     // Many row blocks (wq_b): one CTA per row block, no split, the plain loop.
     p.ksplit = 1;
     p.chunks_per_split = int(w.chunks);
-    fp8_decode_kernel<MT, false><<<unsigned(w.row_blocks), 128, 0, ctx.stream()>>>(p);
-    CM_CUDA_LAUNCH("fp8_decode_kernel");
+    launch_kernel(ctx, fp8_decode_kernel<MT, false>, dim3(unsigned(w.row_blocks)), dim3(128), 0, "fp8_decode_kernel",
+                  p);
     return;
   }
   static int occupancy = 0;
@@ -150,8 +158,7 @@ void launch_decode(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
     p.counters = ctx.splitk_counters(size_t(w.row_blocks));
   }
   dim3 grid(unsigned(w.row_blocks), unsigned(sk.ksplit));
-  fp8_decode_kernel<MT, true><<<grid, 128, 0, ctx.stream()>>>(p);
-  CM_CUDA_LAUNCH("fp8_decode_kernel");
+  launch_kernel(ctx, fp8_decode_kernel<MT, true>, grid, dim3(128), 0, "fp8_decode_kernel", p);
 }
 
 // The decode kernel over 32-token slices (MT = 1, 2 or 4 by slice size).
