@@ -117,6 +117,10 @@ template <int kMT>
 __global__ void __launch_bounds__(128) moe_gate_up_kernel(const MoeParams p) {
   constexpr int U = 2;
   using namespace sm90;
+  // PDL: this grid may start while the routing kernel runs; wait for it, then
+  // let the down kernel launch into the SM slots this grid leaves free.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
   {  // zero y for the down kernel's atomics
     const int64_t nthreads = int64_t(gridDim.x) * gridDim.y * blockDim.x;
     const int64_t tid = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
@@ -165,13 +169,22 @@ template <int kMT>
 __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
   constexpr int U = 4;
   using namespace sm90;
+  // PDL: this grid starts while gate/up still runs (after every gate/up CTA
+  // passed its own wait, so the routing lists are complete and visible in L2:
+  // read them with ld.cg). Pull this CTA's down weights into L2 meanwhile, and
+  // wait for gate/up (h, the zeroed y) before the k loop.
   const int slot = blockIdx.y;
-  if (slot >= p.offsets[p.count + 1]) return;
-  const int e = p.active[slot];
-  const int off = p.offsets[e], cnt = p.offsets[e + 1] - off;
+  if (slot >= __ldcg(p.offsets + p.count + 1)) return;
+  const int e = __ldcg(p.active + slot);
   const int rb = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t wo = int64_t(e) * p.stride2 + int64_t(rb) * p.ch2 * 32;
+  if (threadIdx.x == 0) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.w2 + wo), "r"(uint32_t(p.ch2 * 512)) : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.s2 + wo), "r"(uint32_t(p.ch2 * 64)) : "memory");
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  const int off = __ldcg(p.offsets + e), cnt = __ldcg(p.offsets + e + 1) - off;
   const uint4* const wb[1] = {p.w2 + wo + lane};
   const uint16_t* const sb[1] = {p.s2 + wo + g * 4 + t};
   const float sc = kEpilogueFactor * p.scale2[e * 3 + 2];
@@ -306,15 +319,12 @@ void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16
   const dim3 g1(unsigned(e.inter / 16), max_active), g2(unsigned(e.hidden / 16), max_active);
   // An expert holds at most T*topk tokens: with <= 8 one 8-token pass suffices.
   if (int64_t(T) * s.topk <= 8) {
-    moe_gate_up_kernel<1><<<g1, 128, 0, ctx.stream()>>>(p);
-    CM_CUDA_LAUNCH("moe_gate_up_kernel");
-    moe_down_kernel<1><<<g2, 128, 0, ctx.stream()>>>(p);
+    launch_kernel(ctx, moe_gate_up_kernel<1>, g1, dim3(128), 0, "moe_gate_up_kernel", p);
+    launch_kernel(ctx, moe_down_kernel<1>, g2, dim3(128), 0, "moe_down_kernel", p);
   } else {
-    moe_gate_up_kernel<2><<<g1, 128, 0, ctx.stream()>>>(p);
-    CM_CUDA_LAUNCH("moe_gate_up_kernel");
-    moe_down_kernel<2><<<g2, 128, 0, ctx.stream()>>>(p);
+    launch_kernel(ctx, moe_gate_up_kernel<2>, g1, dim3(128), 0, "moe_gate_up_kernel", p);
+    launch_kernel(ctx, moe_down_kernel<2>, g2, dim3(128), 0, "moe_down_kernel", p);
   }
-  CM_CUDA_LAUNCH("moe_down_kernel");
 }
 
 }  // namespace cm::cuda
