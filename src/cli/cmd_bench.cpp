@@ -105,8 +105,8 @@ cm::cli::CommandRegistrar reg({"bench", "Benchmark GPU kernels (bench kernels [-
                                  app.add_option("what", o->what, "What to benchmark: kernels")->required();
                                  app.add_flag("--json", o->json, "Print the results as JSON");
                                  app.add_option("--json-file", o->json_file, "Also write the results as JSON here");
-                                 app.add_option("--m", o->ms, "Token counts M for the linear shapes");
-                                 app.add_option("--moe-tokens", o->moe_tokens, "Token counts for the grouped MoE");
+                                 app.add_option("--m", o->ms, "Token counts M for the linear shapes (comma-separated)")->delimiter(',');
+                                 app.add_option("--moe-tokens", o->moe_tokens, "Token counts for the grouped MoE (comma-separated)")->delimiter(',');
                                  app.add_option("--only", o->only, "Only shapes whose name contains this text");
                                  app.add_option("--repeats", o->repeats, "Timed graph launches per measurement");
                                  app.add_flag("--no-pdl", o->no_pdl,

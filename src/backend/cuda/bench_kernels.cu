@@ -185,7 +185,10 @@ void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, d
     // (kernel, decode_max_m): the default first; M > 64 also dequant + cuBLAS;
     // 16 < M <= 64 also the wgmma kernel in place of the decode kernel
     std::vector<std::pair<PrefillKernel, int64_t>> kernels{{PrefillKernel::Auto, 64}};
-    if (M > 64 && wgmma_nvfp4_supported(ws[0], M)) kernels.push_back({PrefillKernel::DequantCublas, 64});
+    if (M > 64 && wgmma_nvfp4_supported(ws[0], M))  // the path Auto did not take
+      kernels.push_back({std::string(linear_nvfp4_path(ws[0], M)) == "wgmma" ? PrefillKernel::DequantCublas
+                                                                             : PrefillKernel::Wgmma,
+                         64});
     if (M > 16 && M <= 64 && wgmma_nvfp4_supported(ws[0], M)) kernels.push_back({PrefillKernel::Wgmma, 0});
     for (const auto& kd : kernels) {
       const PrefillKernel pk = kd.first;

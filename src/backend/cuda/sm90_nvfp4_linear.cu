@@ -287,10 +287,19 @@ void dequant_nvfp4_bf16(Context& ctx, const DeviceLinear& w, int64_t row0, int64
   CM_CUDA_LAUNCH("nvfp4_dequant_kernel");
 }
 
+// Auto's choice for M > decode_max_m, from the H200 measurements in
+// docs/performance.md: the wgmma kernel reads 0.56 bytes per weight where the
+// BF16 panel path moves ~4.6 (read packed, write and re-read BF16), so it wins
+// while the weight stream matters: large weights (>= 2^25 elements: wq_b, wo_a,
+// wo_b, the head) up to M ~ 1k. At larger M, or for smaller weights, cuBLAS's
+// GEMM on the panel is faster than our wgmma mainloop (0.6-0.7x of cuBLAS).
+bool auto_uses_wgmma(const DeviceLinear& w, int64_t M) {
+  return wgmma_nvfp4_supported(w, M) && M <= 1024 && w.N * w.K * w.groups >= (int64_t(1) << 25);
+}
+
 const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_max_m, PrefillKernel prefill) {
   if (M <= decode_max_m) return "mma.sync decode";
-  if (prefill == PrefillKernel::Wgmma || (prefill == PrefillKernel::Auto && wgmma_nvfp4_supported(w, M)))
-    return "wgmma";
+  if (prefill == PrefillKernel::Wgmma || (prefill == PrefillKernel::Auto && auto_uses_wgmma(w, M))) return "wgmma";
   return "dequant+cuBLAS";
 }
 
@@ -312,7 +321,7 @@ void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_
     }
     return;
   }
-  if (prefill == PrefillKernel::Wgmma || (prefill == PrefillKernel::Auto && wgmma_nvfp4_supported(w, M))) {
+  if (prefill == PrefillKernel::Wgmma || (prefill == PrefillKernel::Auto && auto_uses_wgmma(w, M))) {
     linear_nvfp4_wgmma(ctx, w, x, M, ldx, y, ldy, out);
     return;
   }
