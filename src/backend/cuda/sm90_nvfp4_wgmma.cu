@@ -46,17 +46,21 @@ constexpr int kStagePad = 68;              // floats per staged output row (64 +
 
 template <int BN>
 struct Tile {
-  static constexpr int kStages = BN == 256 ? 4 : BN == 128 ? 6 : 8;
+  // As many stages as fit in 227 KB: a stage is released only after the next
+  // chunk's wgmmas were issued and its own completed, so S - 2 stages of loads
+  // are really in flight (ncu at S = 4: consumers stalled on the full barriers).
+  static constexpr int kStages = BN == 256 ? 5 : BN == 128 ? 8 : 10;
   static constexpr int kXStage = BN * 128;  // bf16 [BN][64], 128B-swizzled
   static constexpr int kXOff = 0;
-  static constexpr int kWOff = kXOff + kStages * kXStage;
+  static constexpr int kAOff = kXOff + kStages * kXStage;  // bf16 A [2 consumers][2 buffers][64][64]
+  static constexpr int kWOff = kAOff + 4 * kATile;
   static constexpr int kSOff = kWOff + kStages * kWStage;
-  static constexpr int kAOff = kSOff + kStages * kSStage;  // bf16 A [2 consumers][2 buffers][64][64]
-  static constexpr int kBarOff = kAOff + 4 * kATile;
+  static constexpr int kBarOff = kSOff + kStages * kSStage;
   static constexpr int kBytes = kBarOff + 2 * kStages * 8;
   static constexpr int kSmem = kBytes + 1024;  // room to align the base to 1024
-  static_assert(2 * BN * kStagePad * 4 <= kBarOff, "output staging must fit in the stage buffers");
+  static_assert(2 * BN * kStagePad * 4 <= kWOff, "output staging must fit in the x and A buffers");
   static_assert(kAOff % 1024 == 0, "swizzled tiles need 1024-byte alignment");
+  static_assert(kSmem <= 227 * 1024, "shared memory per block");
 };
 
 struct WgmmaParams {
