@@ -123,14 +123,14 @@ TEST(GpuNvfp4Linear, PrefillDispatch) {
                Error);
   run_case(ctx, Case{64, 4096, 2, {100}}, 11);
   cuda::DeviceLinear plain = cuda::upload_nvfp4(w, 1);
-  // Auto: wgmma for large weights up to M = 1024, dequant + cuBLAS otherwise
+  // Auto: wgmma for large weights up to M = 256, dequant + cuBLAS otherwise
   EXPECT_STREQ(cuda::linear_nvfp4_path(plain, 65), "dequant+cuBLAS");
   EXPECT_STREQ(cuda::linear_nvfp4_path(plain, 65, 64, cuda::PrefillKernel::Wgmma), "wgmma");
   cuda::DeviceLinear big = cuda::random_nvfp4(8192, 4096, 9);
   EXPECT_STREQ(cuda::linear_nvfp4_path(big, 65), "wgmma");
-  EXPECT_STREQ(cuda::linear_nvfp4_path(big, 1024), "wgmma");
-  EXPECT_STREQ(cuda::linear_nvfp4_path(big, 1025), "dequant+cuBLAS");
-  EXPECT_STREQ(cuda::linear_nvfp4_path(big, 1025, 2048), "mma.sync decode");
+  EXPECT_STREQ(cuda::linear_nvfp4_path(big, 256), "wgmma");
+  EXPECT_STREQ(cuda::linear_nvfp4_path(big, 257), "dequant+cuBLAS");
+  EXPECT_STREQ(cuda::linear_nvfp4_path(big, 257, 512), "mma.sync decode");
 }
 
 // Back-to-back decode linears where the second reads the first's output: with

@@ -20,7 +20,7 @@ namespace cm::cuda {
 enum class OutType : uint8_t { F32, BF16 };
 
 // Which kernel serves M > decode_max_m. Auto: the one measured faster for the
-// shape (wgmma for large weights up to M ~ 1k, else dequant + cuBLAS; see
+// shape (wgmma for large weights up to M = 256, else dequant + cuBLAS; see
 // sm90_nvfp4_linear.cu). Asking for Wgmma on a shape it does not take throws.
 enum class PrefillKernel : uint8_t { Auto, Wgmma, DequantCublas };
 

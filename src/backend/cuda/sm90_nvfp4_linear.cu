@@ -291,10 +291,11 @@ void dequant_nvfp4_bf16(Context& ctx, const DeviceLinear& w, int64_t row0, int64
 // docs/performance.md: the wgmma kernel reads 0.56 bytes per weight where the
 // BF16 panel path moves ~4.6 (read packed, write and re-read BF16), so it wins
 // while the weight stream matters: large weights (>= 2^25 elements: wq_b, wo_a,
-// wo_b, the head) up to M ~ 1k. At larger M, or for smaller weights, cuBLAS's
-// GEMM on the panel is faster than our wgmma mainloop (0.6-0.7x of cuBLAS).
+// wo_b, the head) at M <= 256 (measured 1.2-1.4x faster there; at M = 512 it
+// ties or loses). At larger M, or for smaller weights, cuBLAS's GEMM on the
+// panel is faster than our wgmma mainloop (0.6-0.74x of cuBLAS at M = 4096).
 bool auto_uses_wgmma(const DeviceLinear& w, int64_t M) {
-  return wgmma_nvfp4_supported(w, M) && M <= 1024 && w.N * w.K * w.groups >= (int64_t(1) << 25);
+  return wgmma_nvfp4_supported(w, M) && M <= 256 && w.N * w.K * w.groups >= (int64_t(1) << 25);
 }
 
 const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_max_m, PrefillKernel prefill) {
