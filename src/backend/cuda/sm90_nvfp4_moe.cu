@@ -76,6 +76,11 @@ __device__ int block_excl_scan(int v, int* tmp, int& total) {
 }
 
 __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeParams p) {
+  // PDL: wait for the kernel that produced ids/weights (and for the previous
+  // MoE's down kernel, which read these lists), then let gate/up's CTAs
+  // become resident while the routing runs.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
   __shared__ int cnt[1024];
   __shared__ int fill[1024];
   __shared__ int tmp[33];
@@ -133,6 +138,13 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(const MoeParams p) {
   const int rb = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t wo = int64_t(e) * p.stride13 + int64_t(rb) * p.ch13 * 32;
+  if (threadIdx.x == 0) {  // the whole gate and up row block into L2 at once: a deeper memory pipeline
+    const uint32_t db = uint32_t(p.ch13 * 512), sbytes = uint32_t(p.ch13 * 64);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.w1 + wo), "r"(db) : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.w3 + wo), "r"(db) : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.s1 + wo), "r"(sbytes) : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.s3 + wo), "r"(sbytes) : "memory");
+  }
   const uint4* const wb[2] = {p.w1 + wo + lane, p.w3 + wo + lane};
   const uint16_t* const sb[2] = {p.s1 + wo + g * 4 + t, p.s3 + wo + g * 4 + t};
   const float sc_g = kEpilogueFactor * p.scale2[e * 3], sc_u = kEpilogueFactor * p.scale2[e * 3 + 1];
@@ -314,8 +326,7 @@ void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16
   p.h = s.h.as<__nv_bfloat16>();
   p.y = y;
   const unsigned max_active = unsigned(std::min<int64_t>(int64_t(T) * s.topk, e.count));
-  moe_route_kernel<<<1, 1024, 0, ctx.stream()>>>(p);
-  CM_CUDA_LAUNCH("moe_route_kernel");
+  launch_kernel(ctx, moe_route_kernel, dim3(1), dim3(1024), 0, "moe_route_kernel", p);
   const dim3 g1(unsigned(e.inter / 16), max_active), g2(unsigned(e.hidden / 16), max_active);
   // An expert holds at most T*topk tokens: with <= 8 one 8-token pass suffices.
   if (int64_t(T) * s.topk <= 8) {
