@@ -37,35 +37,28 @@ namespace cm::cuda {
 
 namespace {
 
-// MS: 64-row sub-tiles per consumer warpgroup. MS = 1: 128 weight rows per CTA;
-// MS = 2: 256 rows, so each activation tile loaded from L2 feeds twice the
-// MMAs (ncu at MS = 1: consumers waited on the full barrier 38% of the time
-// with L2->SM traffic of 36.5 KB per 2M MACs; MS = 2 with 128 tokens: 25 KB).
-constexpr int kATileRows = 64;
-constexpr int kATile = kATileRows * 128;  // bf16 [64 rows][64 k], 128B-swizzled
+constexpr int kBM = 128;          // weight rows per CTA (2 consumer warpgroups x 64)
+constexpr int kRowBlocks = kBM / 16;
+constexpr int kWStage = kRowBlocks * 512;  // packed weight bytes per stage
+constexpr int kSStage = kRowBlocks * 64;   // scale bytes per stage
+constexpr int kATile = 64 * 128;            // one consumer's expanded A tile: bf16 [64 rows][64 k]
+constexpr int kStagePad = 68;              // floats per staged output row (64 + 4: conflict-free)
 
-template <int BN, int MS>
+template <int BN>
 struct Tile {
-  static constexpr int kBM = 128 * MS;  // weight rows per CTA
-  static constexpr int kRowBlocks = kBM / 16;
-  static constexpr int kWStage = kRowBlocks * 512;  // packed weight bytes per stage
-  static constexpr int kSStage = kRowBlocks * 64;   // scale bytes per stage
-  static constexpr int kPad = 64 * MS + 4;          // floats per staged output row (+4: conflict-free)
-  static constexpr int kXStage = BN * 128;          // bf16 [BN][64], 128B-swizzled
-  static constexpr int kABytes = 2 * 2 * MS * kATile;  // [2 consumers][2 buffers][MS][64][64]
   // As many stages as fit in 227 KB: a stage is released only after the next
-  // chunk's wgmmas were issued and its own completed.
-  static constexpr int kStages = (227 * 1024 - 2048 - kABytes) / (kXStage + kWStage + kSStage + 16);
+  // chunk's wgmmas were issued and its own completed, so S - 2 stages of loads
+  // are really in flight (ncu at S = 4: consumers stalled on the full barriers).
+  static constexpr int kStages = BN == 256 ? 5 : BN == 128 ? 8 : 10;
+  static constexpr int kXStage = BN * 128;  // bf16 [BN][64], 128B-swizzled
   static constexpr int kXOff = 0;
-  static constexpr int kAOff = kXOff + kStages * kXStage;
-  static constexpr int kWOff = kAOff + kABytes;
+  static constexpr int kAOff = kXOff + kStages * kXStage;  // bf16 A [2 consumers][2 buffers][64][64]
+  static constexpr int kWOff = kAOff + 4 * kATile;
   static constexpr int kSOff = kWOff + kStages * kWStage;
   static constexpr int kBarOff = kSOff + kStages * kSStage;
   static constexpr int kBytes = kBarOff + 2 * kStages * 8;
   static constexpr int kSmem = kBytes + 1024;  // room to align the base to 1024
-  static_assert(MS == 1 || BN <= 128, "accumulators: MS * BN / 2 registers per thread");
-  static_assert(kStages >= 3, "pipeline depth");
-  static_assert(2 * BN * kPad * 4 <= kWOff, "output staging must fit in the x and A buffers");
+  static_assert(2 * BN * kStagePad * 4 <= kWOff, "output staging must fit in the x and A buffers");
   static_assert(kAOff % 1024 == 0, "swizzled tiles need 1024-byte alignment");
   static_assert(kSmem <= 227 * 1024, "shared memory per block");
 };
@@ -187,12 +180,11 @@ __device__ __forceinline__ void expand_to_smem(const uint8_t* wrb, const uint8_t
   *reinterpret_cast<uint4*>(pb + u1) = make_uint4(r1[4], r1[5], r1[6], r1[7]);
 }
 
-template <int BN, int MS>
+template <int BN>
 __global__ void __launch_bounds__(384, 1) nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap xmap,
                                                              const WgmmaParams p) {
-  using T = Tile<BN, MS>;
+  using T = Tile<BN>;
   constexpr int S = T::kStages;
-  constexpr int kRowBlocks = T::kRowBlocks, kWStage = T::kWStage, kSStage = T::kSStage, kPad = T::kPad;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const uint32_t sbase = smem_u32(smem);
@@ -242,74 +234,62 @@ __global__ void __launch_bounds__(384, 1) nvfp4_wgmma_kernel(const __grid_consta
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-  const int cw = wg - 1;                        // consumer 0/1: weight rows 64*MS*cw ..
-  const int w4 = (threadIdx.x >> 5) & 3;        // warp within the warpgroup: rows 64*m + 16*w4 of its sub-tiles
+  const int cw = wg - 1;                        // consumer index 0/1: weight rows 64*cw ..
+  const int w4 = (threadIdx.x >> 5) & 3;        // warp within the warpgroup: rows 16*w4 ..
   const int g = lane >> 2, t = lane & 3;
+  const int rbl = cw * 4 + w4;                  // row block within the tile
   // No zero fill: the first wgmma of the CTA's first chunk overwrites (scale-d
   // = 0); every CTA has at least one chunk. (Zero-filled accumulators made
   // ptxas serialize the 128-wide variant, C7515.)
-  float acc[MS][BN / 2];
+  float acc[BN / 2];
   // Chunk c: expand into A buffer c%2 while chunk c-1's wgmmas run, make the
   // stores visible to the async proxy, sync the warpgroup, issue chunk c,
   // then wait for chunk c-1 only (its A buffer and stage become free).
-  uint8_t* abuf = smem + T::kAOff + cw * 2 * MS * kATile;
+  uint8_t* abuf = smem + T::kAOff + cw * 2 * kATile;
   const uint32_t abuf_u32 = smem_u32(abuf);
   for (int64_t c = c_begin; c < c_end; ++c) {
     const int i = int(c - c_begin);
     const int st = i % S;
     mbar_wait(full0 + 8 * st, uint32_t(i / S) & 1u);
-#pragma unroll
-    for (int m = 0; m < MS; ++m) {
-      const int rbl = (cw * MS + m) * 4 + w4;  // row block within the CTA's tile
-      expand_to_smem(smem + T::kWOff + st * kWStage + rbl * 512, smem + T::kSOff + st * kSStage + rbl * 64,
-                     abuf + ((i & 1) * MS + m) * kATile, 16 * w4, g, t);
-    }
+    expand_to_smem(smem + T::kWOff + st * kWStage + rbl * 512, smem + T::kSOff + st * kSStage + rbl * 64,
+                   abuf + (i & 1) * kATile, 16 * w4, g, t);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     named_barrier(2 + cw, 128);
-    const uint64_t da = desc_sw128(abuf_u32 + (i & 1) * MS * kATile);
+    const uint64_t da = desc_sw128(abuf_u32 + (i & 1) * kATile);
     const uint64_t db = desc_sw128(sbase + T::kXOff + st * T::kXStage);
     wgmma_fence();
 #pragma unroll
-    for (int m = 0; m < MS; ++m)
-#pragma unroll
-      for (int s = 0; s < 4; ++s)  // k16 step s starts 32 bytes further into the swizzled rows
-        sm90::WgmmaSS<BN>::mma(acc[m], da + uint64_t(m * (kATile >> 4) + 2 * s), db + uint64_t(2 * s),
-                               (i > 0 || s > 0) ? 1 : 0);
+    for (int s = 0; s < 4; ++s)  // k16 step s starts 32 bytes further into the swizzled rows
+      sm90::WgmmaSS<BN>::mma(acc, da + uint64_t(2 * s), db + uint64_t(2 * s), (i > 0 || s > 0) ? 1 : 0);
     wgmma_commit();
     wgmma_wait<1>();
     if (i > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % S));  // chunk c-1 is done with its stage
   }
   wgmma_wait<0>();
-#pragma unroll
-  for (int m = 0; m < MS; ++m) fence_regs(acc[m]);
+  fence_regs(acc);
 
   // Epilogue: stage [BN tokens][64 rows] per consumer through shared memory
   // (all stage buffers are idle: every load was consumed), then write rows of y.
   named_barrier(1, 256);
-  float* stage = reinterpret_cast<float*>(smem) + cw * BN * kPad;
+  float* stage = reinterpret_cast<float*>(smem) + cw * BN * kStagePad;
+  const int r0 = 16 * w4 + g;
 #pragma unroll
-  for (int m = 0; m < MS; ++m) {
-    const int r0 = 64 * m + 16 * w4 + g;
-#pragma unroll
-    for (int i = 0; i < BN / 8; ++i) {
-      const int tok = 8 * i + 2 * t;
-      stage[tok * kPad + r0] = acc[m][4 * i + 0];
-      stage[(tok + 1) * kPad + r0] = acc[m][4 * i + 1];
-      stage[tok * kPad + r0 + 8] = acc[m][4 * i + 2];
-      stage[(tok + 1) * kPad + r0 + 8] = acc[m][4 * i + 3];
-    }
+  for (int i = 0; i < BN / 8; ++i) {
+    const int tok = 8 * i + 2 * t;
+    stage[tok * kStagePad + r0] = acc[4 * i + 0];
+    stage[(tok + 1) * kStagePad + r0] = acc[4 * i + 1];
+    stage[tok * kStagePad + r0 + 8] = acc[4 * i + 2];
+    stage[(tok + 1) * kStagePad + r0 + 8] = acc[4 * i + 3];
   }
   named_barrier(2 + cw, 128);
-  // Each token row of this consumer holds 64*MS outputs: 16*MS threads per row.
-  constexpr int kRowThreads = 16 * MS, kRowStep = 128 / kRowThreads, kCW = 64 * MS;
   const int tid = threadIdx.x & 127;
-  const int col = (tid % kRowThreads) * 4;
-  const int n = rb0 * 16 + cw * kCW + col;
+  const int col = (tid & 15) * 4;
+  const int n = rb0 * 16 + cw * 64 + col;
   if (p.ksplit > 1) {
     const int tile = blockIdx.y * gridDim.x + blockIdx.x, tiles = gridDim.x * gridDim.y;
-    float* part = p.partials + (int64_t(blockIdx.z) * tiles + tile) * (T::kBM * BN) + cw * (kCW * BN);
-    for (int r = tid / kRowThreads; r < BN; r += kRowStep)
-      *reinterpret_cast<float4*>(part + r * kCW + col) = *reinterpret_cast<const float4*>(stage + r * kPad + col);
+    float* part = p.partials + (int64_t(blockIdx.z) * tiles + tile) * (kBM * BN) + cw * (64 * BN);
+    for (int r = tid >> 4; r < BN; r += 8)
+      *reinterpret_cast<float4*>(part + r * 64 + col) = *reinterpret_cast<const float4*>(stage + r * kStagePad + col);
     __threadfence();
     named_barrier(1, 256);
     __shared__ int is_last;
@@ -317,24 +297,24 @@ __global__ void __launch_bounds__(384, 1) nvfp4_wgmma_kernel(const __grid_consta
     named_barrier(1, 256);
     if (!is_last) return;
     __threadfence();
-    for (int r = tid / kRowThreads; r < BN; r += kRowStep) {
+    for (int r = tid >> 4; r < BN; r += 8) {
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int z = 0; z < p.ksplit; ++z) {
-        const float4 q = __ldcg(reinterpret_cast<const float4*>(
-            p.partials + (int64_t(z) * tiles + tile) * (T::kBM * BN) + cw * (kCW * BN) + r * kCW + col));
+        const float4 q = __ldcg(reinterpret_cast<const float4*>(p.partials + (int64_t(z) * tiles + tile) * (kBM * BN) +
+                                                                cw * (64 * BN) + r * 64 + col));
         v.x += q.x;
         v.y += q.y;
         v.z += q.z;
         v.w += q.w;
       }
-      *reinterpret_cast<float4*>(stage + r * kPad + col) = v;
+      *reinterpret_cast<float4*>(stage + r * kStagePad + col) = v;
     }
     if (threadIdx.x == 128) p.counters[tile] = 0;  // ready for the next launch
   }
-  for (int r = tid / kRowThreads; r < BN; r += kRowStep) {
+  for (int r = tid >> 4; r < BN; r += 8) {
     const int tok = tok0 + r;
     if (tok >= p.M) break;
-    const float4 v = *reinterpret_cast<const float4*>(stage + r * kPad + col);
+    const float4 v = *reinterpret_cast<const float4*>(stage + r * kStagePad + col);
     const float o[4] = {v.x * p.out_scale, v.y * p.out_scale, v.z * p.out_scale, v.w * p.out_scale};
     if (p.y_bf16) {
       __nv_bfloat16* yr = static_cast<__nv_bfloat16*>(p.y) + int64_t(tok) * p.ldy;
@@ -374,10 +354,10 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-template <int BN, int MS>
+template <int BN>
 void launch(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
             OutType out, int64_t ksplit) {
-  using T = Tile<BN, MS>;
+  using T = Tile<BN>;
   CUtensorMap map;
   const cuuint64_t dims[2] = {cuuint64_t(w.groups * w.K), cuuint64_t(M)};
   const cuuint64_t strides[1] = {cuuint64_t(ldx) * 2};
@@ -403,22 +383,22 @@ void launch(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, i
   const size_t es = out == OutType::BF16 ? 2 : 4;
   p.y_vec = (ldy % 4 == 0) && (reinterpret_cast<uintptr_t>(y) % (4 * es) == 0);
   p.out_scale = kEpilogueFactor * w.scale_2;
-  static bool configured = false;  // per instantiation
+  static bool configured = false;  // per BN instantiation
   if (!configured) {
-    CM_CUDA(cudaFuncSetAttribute(nvfp4_wgmma_kernel<BN, MS>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem));
+    CM_CUDA(cudaFuncSetAttribute(nvfp4_wgmma_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem));
     configured = true;
   }
   const int64_t per = (w.chunks + ksplit - 1) / ksplit;
   ksplit = (w.chunks + per - 1) / per;
   p.ksplit = int(ksplit);
   p.chunks_per_split = int(per);
-  const dim3 grid(unsigned((w.N + T::kBM - 1) / T::kBM), unsigned((M + BN - 1) / BN), unsigned(ksplit));
+  const dim3 grid(unsigned((w.N + kBM - 1) / kBM), unsigned((M + BN - 1) / BN), unsigned(ksplit));
   if (ksplit > 1) {
     const size_t tiles = size_t(grid.x) * grid.y;
-    p.partials = ctx.splitk_partials(size_t(ksplit) * tiles * T::kBM * BN);
+    p.partials = ctx.splitk_partials(size_t(ksplit) * tiles * kBM * BN);
     p.counters = ctx.splitk_counters(tiles);
   }
-  nvfp4_wgmma_kernel<BN, MS><<<grid, 384, T::kSmem, ctx.stream()>>>(map, p);
+  nvfp4_wgmma_kernel<BN><<<grid, 384, T::kSmem, ctx.stream()>>>(map, p);
   CM_CUDA_LAUNCH("nvfp4_wgmma_kernel");
 }
 
@@ -427,49 +407,42 @@ void launch(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, i
 bool wgmma_nvfp4_supported(const DeviceLinear& w, int64_t M) {
   if (M <= 0 || M >= (int64_t(1) << 31)) return false;
   if (w.groups == 1) return true;
-  // each CTA's 128 (or 256) rows must read one group's K slice, which must not run into the next
-  return (w.N / w.groups) % 128 == 0 && w.K % 64 == 0;
+  // each CTA's 128 rows must read one group's K slice, which must not run into the next
+  return (w.N / w.groups) % kBM == 0 && w.K % 64 == 0;
 }
 
 void linear_nvfp4_wgmma(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                         int64_t ldy, OutType out) {
   CM_CU_CHECK(wgmma_nvfp4_supported(w, M),
-              "linear '%s': the wgmma kernel needs each group's rows to be a multiple of 128 and K of 64",
-              w.name.c_str());
-  // Pick the tile (weight rows x tokens) and K split by a wave model: the
-  // fraction of SM slots busy over the waves, times how well the tile feeds
-  // the tensor cores (L2->SM bytes per MMA: 256x128 best, then 128x256, 128x128,
-  // 128x64), times the used part of the last token tile, with a small charge for split-K.
-  struct Variant {
-    int ms, bn;
-    double eff;
-  };
-  const Variant variants[] = {{2, 128, 1.0}, {1, 256, 0.9}, {1, 128, 0.8}, {1, 64, 0.55}};
-  const int64_t sms = ctx.sm_count(), rows_per_group = w.N / w.groups;
-  Variant best_v = variants[3];
+              "linear '%s': the wgmma kernel needs each group's rows to be a multiple of %d and K of 64", w.name.c_str(),
+              kBM);
+  // Pick token tile width and K split by a wave model: the fraction of SM
+  // slots busy over the waves, times how well a tile width uses the tensor
+  // cores (wider is better: same B traffic per MMA, fewer epilogues), times
+  // the used part of the last token tile, with a small charge for split-K.
+  const int64_t row_tiles = (w.N + kBM - 1) / kBM, sms = ctx.sm_count();
+  int best_bn = 64;
   int64_t best_split = 1;
   double best = -1;
-  for (const Variant& v : variants) {
-    const int64_t bm = 128 * v.ms;
-    if (w.groups > 1 && rows_per_group % bm != 0) continue;
-    const int64_t row_tiles = (w.N + bm - 1) / bm, ttiles = (M + v.bn - 1) / v.bn;
-    const double fill = double(M) / double(ttiles * v.bn) * double(w.N) / double(row_tiles * bm);
+  for (int bn : {256, 128, 64}) {
+    const int64_t ttiles = (M + bn - 1) / bn;
+    const double tile_eff = bn == 256 ? 1.0 : bn == 128 ? 0.85 : 0.6;
+    const double fill = double(M) / double(ttiles * bn);
     for (int64_t ks = 1; ks <= std::max<int64_t>(1, w.chunks / 8); ++ks) {  // >= 8 chunks per split
       const int64_t tiles = row_tiles * ttiles * ks;
       if (ks > 1 && tiles > 2 * sms) break;
       const int64_t waves = (tiles + sms - 1) / sms;
-      const double score = double(tiles) / double(waves * sms) * v.eff * fill * (ks > 1 ? 0.95 : 1.0);
+      const double score = double(tiles) / double(waves * sms) * tile_eff * fill * (ks > 1 ? 0.95 : 1.0);
       if (score > best + 1e-9) {
         best = score;
-        best_v = v;
+        best_bn = bn;
         best_split = ks;
       }
     }
   }
-  if (best_v.ms == 2) return launch<128, 2>(ctx, w, x, M, ldx, y, ldy, out, best_split);
-  if (best_v.bn == 256) return launch<256, 1>(ctx, w, x, M, ldx, y, ldy, out, best_split);
-  if (best_v.bn == 128) return launch<128, 1>(ctx, w, x, M, ldx, y, ldy, out, best_split);
-  launch<64, 1>(ctx, w, x, M, ldx, y, ldy, out, best_split);
+  if (best_bn == 256) return launch<256>(ctx, w, x, M, ldx, y, ldy, out, best_split);
+  if (best_bn == 128) return launch<128>(ctx, w, x, M, ldx, y, ldy, out, best_split);
+  launch<64>(ctx, w, x, M, ldx, y, ldy, out, best_split);
 }
 
 }  // namespace cm::cuda
