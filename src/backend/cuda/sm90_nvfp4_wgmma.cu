@@ -44,21 +44,20 @@ constexpr int kSStage = kRowBlocks * 64;   // scale bytes per stage
 constexpr int kATile = 64 * 128;            // one consumer's expanded A tile: bf16 [64 rows][64 k]
 constexpr int kStagePad = 68;              // floats per staged output row (64 + 4: conflict-free)
 
-constexpr int kASlots = 3;  // ring of expanded A tiles [128 rows][64 k] bf16, shared by both consumers
-
 template <int BN>
 struct Tile {
+  // As many stages as fit in 227 KB: a stage is released only after the next
+  // chunk's wgmmas were issued and its own completed, so S - 2 stages of loads
+  // are really in flight (ncu at S = 4: consumers stalled on the full barriers).
+  static constexpr int kStages = BN == 256 ? 5 : BN == 128 ? 8 : 10;
   static constexpr int kXStage = BN * 128;  // bf16 [BN][64], 128B-swizzled
-  // As many stages as fit in 227 KB next to the A ring.
-  static constexpr int kStages = (227 * 1024 - 2048 - kASlots * 2 * kATile) / (kXStage + kWStage + kSStage + 16);
   static constexpr int kXOff = 0;
-  static constexpr int kAOff = kXOff + kStages * kXStage;
-  static constexpr int kWOff = kAOff + kASlots * 2 * kATile;
+  static constexpr int kAOff = kXOff + kStages * kXStage;  // bf16 A [2 consumers][2 buffers][64][64]
+  static constexpr int kWOff = kAOff + 4 * kATile;
   static constexpr int kSOff = kWOff + kStages * kWStage;
-  static constexpr int kBarOff = kSOff + kStages * kSStage;  // full[S], empty[S], aready[A], afree[A]
-  static constexpr int kBytes = kBarOff + (2 * kStages + 2 * kASlots) * 8;
+  static constexpr int kBarOff = kSOff + kStages * kSStage;
+  static constexpr int kBytes = kBarOff + 2 * kStages * 8;
   static constexpr int kSmem = kBytes + 1024;  // room to align the base to 1024
-  static_assert(kStages >= 3, "pipeline depth");
   static_assert(2 * BN * kStagePad * 4 <= kWOff, "output staging must fit in the x and A buffers");
   static_assert(kAOff % 1024 == 0, "swizzled tiles need 1024-byte alignment");
   static_assert(kSmem <= 227 * 1024, "shared memory per block");
@@ -190,46 +189,36 @@ __global__ void __launch_bounds__(384, 1) nvfp4_wgmma_kernel(const __grid_consta
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const uint32_t sbase = smem_u32(smem);
   const uint32_t full0 = sbase + T::kBarOff, empty0 = full0 + S * 8;
-  const uint32_t aready0 = empty0 + S * 8, afree0 = aready0 + kASlots * 8;
 
   const int rt = blockIdx.x, tt = blockIdx.y;
   const int rb0 = rt * kRowBlocks, tok0 = tt * BN;
   const int nrb = min(kRowBlocks, p.row_blocks - rb0);
   const int xcol0 = (rb0 * 16 / p.rows_per_group) * p.K;
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
-  const int w4 = (threadIdx.x >> 5) & 3;  // warp within its warpgroup
-  const int g = lane >> 2, t = lane & 3;
   const int64_t c_begin = int64_t(blockIdx.z) * p.chunks_per_split;
   const int64_t c_end = min(p.chunks, c_begin + p.chunks_per_split);
-  const int n_chunks = int(c_end - c_begin);
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < S; ++i) {
       mbar_init(full0 + 8 * i, 1);
-      mbar_init(empty0 + 8 * i, 3 + 8);  // 3 expander warps (packed W read) + 8 consumer warps (x read)
-    }
-    for (int i = 0; i < kASlots; ++i) {
-      mbar_init(aready0 + 8 * i, 3);  // expander warps
-      mbar_init(afree0 + 8 * i, 8);   // consumer warps
+      mbar_init(empty0 + 8 * i, 8);  // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
   if (wg == 0) {
-    // Warpgroup 0: warp 0 issues all copies; warps 1-3 expand (warp k: row
-    // blocks k-1, k+2, k+5 < 8) each chunk's packed weights to BF16 in the A
-    // ring, once per tile, then release the packed bytes and hand the tile over.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 64;");
-    if (w4 == 0) {
+    // Producer: one warp issues all copies.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (threadIdx.x < 32) {
       if (lane == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(&xmap) : "memory");
       const uint32_t tx = uint32_t(T::kXStage + nrb * (512 + 64));
-      for (int i = 0; i < n_chunks; ++i) {
-        const int64_t c = c_begin + i;
-        const int st = i % S;
+      for (int64_t c = c_begin; c < c_end; ++c) {
+        const int st = int((c - c_begin) % S);
+        const uint32_t ph = uint32_t((c - c_begin) / S) & 1u;
         const uint32_t full = full0 + 8 * st;
         if (lane == 0) {
-          mbar_wait(empty0 + 8 * st, (uint32_t(i / S) & 1u) ^ 1u);
+          mbar_wait(empty0 + 8 * st, ph ^ 1u);
           mbar_expect_tx(full, tx);
           tma_load_2d(sbase + T::kXOff + st * T::kXStage, &xmap, xcol0 + int(c) * 64, tok0, full);
         }
@@ -240,39 +229,33 @@ __global__ void __launch_bounds__(384, 1) nvfp4_wgmma_kernel(const __grid_consta
           bulk_load(sbase + T::kSOff + st * kSStage + lane * 64, p.s + unit * 64, 64, full);
         }
       }
-      return;
-    }
-    for (int i = 0; i < n_chunks; ++i) {
-      const int st = i % S, slot = i % kASlots;
-      mbar_wait(full0 + 8 * st, uint32_t(i / S) & 1u);
-      mbar_wait(afree0 + 8 * slot, (uint32_t(i / kASlots) & 1u) ^ 1u);
-      uint8_t* atile = smem + T::kAOff + slot * 2 * kATile;
-      for (int rbl = w4 - 1; rbl < kRowBlocks; rbl += 3)
-        expand_to_smem(smem + T::kWOff + st * kWStage + rbl * 512, smem + T::kSOff + st * kSStage + rbl * 64, atile,
-                       16 * rbl, g, t);
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncwarp();
-      if (lane == 0) {
-        mbar_arrive(aready0 + 8 * slot);
-        mbar_arrive(empty0 + 8 * st);
-      }
     }
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
-  const int cw = wg - 1;  // consumer 0/1: weight rows 64*cw .. of the tile
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int cw = wg - 1;                        // consumer index 0/1: weight rows 64*cw ..
+  const int w4 = (threadIdx.x >> 5) & 3;        // warp within the warpgroup: rows 16*w4 ..
+  const int g = lane >> 2, t = lane & 3;
+  const int rbl = cw * 4 + w4;                  // row block within the tile
   // No zero fill: the first wgmma of the CTA's first chunk overwrites (scale-d
   // = 0); every CTA has at least one chunk. (Zero-filled accumulators made
   // ptxas serialize the 128-wide variant, C7515.)
   float acc[BN / 2];
-  // Chunk i: wait for its expanded A (and x) tile, issue its 4 k16 steps, then
-  // wait for chunk i-1 only and release that chunk's stage and A slot.
-  for (int i = 0; i < n_chunks; ++i) {
-    const int st = i % S, slot = i % kASlots;
-    mbar_wait(aready0 + 8 * slot, uint32_t(i / kASlots) & 1u);
-    mbar_wait(full0 + 8 * st, uint32_t(i / S) & 1u);  // complete already (the expander waited): acquires x
-    const uint64_t da = desc_sw128(sbase + T::kAOff + slot * 2 * kATile + cw * kATile);
+  // Chunk c: expand into A buffer c%2 while chunk c-1's wgmmas run, make the
+  // stores visible to the async proxy, sync the warpgroup, issue chunk c,
+  // then wait for chunk c-1 only (its A buffer and stage become free).
+  uint8_t* abuf = smem + T::kAOff + cw * 2 * kATile;
+  const uint32_t abuf_u32 = smem_u32(abuf);
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    const int i = int(c - c_begin);
+    const int st = i % S;
+    mbar_wait(full0 + 8 * st, uint32_t(i / S) & 1u);
+    expand_to_smem(smem + T::kWOff + st * kWStage + rbl * 512, smem + T::kSOff + st * kSStage + rbl * 64,
+                   abuf + (i & 1) * kATile, 16 * w4, g, t);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    named_barrier(2 + cw, 128);
+    const uint64_t da = desc_sw128(abuf_u32 + (i & 1) * kATile);
     const uint64_t db = desc_sw128(sbase + T::kXOff + st * T::kXStage);
     wgmma_fence();
 #pragma unroll
@@ -280,10 +263,7 @@ __global__ void __launch_bounds__(384, 1) nvfp4_wgmma_kernel(const __grid_consta
       sm90::WgmmaSS<BN>::mma(acc, da + uint64_t(2 * s), db + uint64_t(2 * s), (i > 0 || s > 0) ? 1 : 0);
     wgmma_commit();
     wgmma_wait<1>();
-    if (i > 0 && lane == 0) {
-      mbar_arrive(empty0 + 8 * ((i - 1) % S));
-      mbar_arrive(afree0 + 8 * ((i - 1) % kASlots));
-    }
+    if (i > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % S));  // chunk c-1 is done with its stage
   }
   wgmma_wait<0>();
   fence_regs(acc);
