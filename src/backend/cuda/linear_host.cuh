@@ -1,17 +1,36 @@
-// Host-side pieces shared by the weight-format linears (FP8 now; the NVFP4
-// linear in sm90_nvfp4_linear.cu has the same logic inline and can move here):
-// the split-K choice of the decode kernels and the prefill through exact BF16
-// weight panels and cuBLAS.
+// Host-side pieces shared by the weight-format linears (NVFP4/MXFP4, FP8):
+// the token slicing and split-K choice of the decode kernels and the prefill
+// through exact BF16 weight panels and cuBLAS.
 #pragma once
 #include <cublas_v2.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_util.h"
 
 namespace cm::cuda {
+
+// The decode kernels take at most 32 tokens per launch (MT = 1, 2 or 4
+// groups of 8): launch(std::integral_constant<int, MT>, x_slice, tokens, y_slice)
+// runs once per 32-token slice of x / y.
+template <typename Launch>
+void decode_in_slices(const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy, OutType out, Launch&& launch) {
+  const size_t esize = out == OutType::BF16 ? 2 : 4;
+  for (int64_t m0 = 0; m0 < M; m0 += 32) {
+    const int64_t mm = std::min<int64_t>(32, M - m0);
+    const uint16_t* xs = x + m0 * ldx;
+    void* ys = static_cast<char*>(y) + size_t(m0 * ldy) * esize;
+    if (mm <= 8)
+      launch(std::integral_constant<int, 1>{}, xs, mm, ys);
+    else if (mm <= 16)
+      launch(std::integral_constant<int, 2>{}, xs, mm, ys);
+    else
+      launch(std::integral_constant<int, 4>{}, xs, mm, ys);
+  }
+}
 
 // K split of a decode launch over row_blocks CTAs of `chunks` 64-k chunks:
 // about one wave of CTAs (sm_count * occupancy) while keeping at least 2

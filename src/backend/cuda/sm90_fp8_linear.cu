@@ -164,18 +164,9 @@ void launch_decode(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
 // The decode kernel over 32-token slices (MT = 1, 2 or 4 by slice size).
 void decode_slices(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                    int64_t ldy, OutType out) {
-  const size_t esize = out == OutType::BF16 ? 2 : 4;
-  for (int64_t m0 = 0; m0 < M; m0 += 32) {
-    const int64_t mm = std::min<int64_t>(32, M - m0);
-    const uint16_t* xs = x + m0 * ldx;
-    void* ys = static_cast<char*>(y) + size_t(m0 * ldy) * esize;
-    if (mm <= 8)
-      launch_decode<1>(ctx, w, xs, mm, ldx, ys, ldy, out);
-    else if (mm <= 16)
-      launch_decode<2>(ctx, w, xs, mm, ldx, ys, ldy, out);
-    else
-      launch_decode<4>(ctx, w, xs, mm, ldx, ys, ldy, out);
-  }
+  decode_in_slices(x, M, ldx, y, ldy, out, [&](auto mt, const uint16_t* xs, int64_t mm, void* ys) {
+    launch_decode<decltype(mt)::value>(ctx, w, xs, mm, ldx, ys, ldy, out);
+  });
 }
 
 }  // namespace

@@ -12,7 +12,9 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/linear_host.cuh"
 #include "backend/cuda/sm90_nvfp4.cuh"
+#include "backend/cuda/sm90_splitk.cuh"
 
 namespace cm::cuda {
 
@@ -85,39 +87,8 @@ __global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p)
   float vals[MT];
   reduce_warps<MT>(acc[0], red, vals);
 
-  if (p.ksplit > 1) {
-    float* part = p.partials + (int64_t(split) * p.row_blocks + rb) * (128 * MT);
-#pragma unroll
-    for (int i = 0; i < MT; ++i) part[threadIdx.x + 128 * i] = vals[i];
-    __threadfence();
-    __syncthreads();
-    __shared__ unsigned is_last;
-    if (threadIdx.x == 0) is_last = atomicAdd(&p.counters[rb], 1u) == unsigned(p.ksplit - 1);
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-#pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      float s = 0.f;
-      for (int sp = 0; sp < p.ksplit; ++sp)
-        s += __ldcg(p.partials + (int64_t(sp) * p.row_blocks + rb) * (128 * MT) + threadIdx.x + 128 * i);
-      vals[i] = s;
-    }
-    if (threadIdx.x == 0) p.counters[rb] = 0;  // ready for the next launch
-  }
-
-#pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    const int v = threadIdx.x + 128 * i;
-    const int tok = v / 16, n = rb * 16 + v % 16;
-    if (tok < p.M && n < p.N) {
-      const float out = vals[i] * p.out_scale;
-      if (p.y_bf16)
-        static_cast<__nv_bfloat16*>(p.y)[int64_t(tok) * p.ldy + n] = __float2bfloat16_rn(out);
-      else
-        static_cast<float*>(p.y)[int64_t(tok) * p.ldy + n] = out;
-    }
-  }
+  if (!splitk_combine<MT>(vals, p.partials, p.counters, p.ksplit, split, p.row_blocks, rb)) return;
+  store_tile<MT>(vals, rb, p.M, p.N, p.y, p.ldy, p.y_bf16 != 0, p.out_scale);
 }
 
 // Expands rows [row0, row0+rows) (row0 % 16 == 0) to bf16 [rows, K], exact.
@@ -209,24 +180,18 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
                   "nvfp4_decode_kernel", p);
     return;
   }
-  // Split K so that about one wave of CTAs covers the matrix, keeping at
-  // least 2 chunks per warp so the pipelined loads overlap the math.
+  // Split K so that about one wave of CTAs covers the matrix (linear_host.cuh).
   static int occupancy = 0;
-  if (occupancy == 0) {
+  if (occupancy == 0)
     CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, nvfp4_decode_kernel<MT, true>, 128, 0));
-    occupancy = std::max(occupancy, 1);
-  }
-  const int64_t target = int64_t(ctx.sm_count()) * occupancy;
-  int64_t ksplit = std::clamp<int64_t>(target / w.row_blocks, 1, std::max<int64_t>(1, w.chunks / 8));
-  const int64_t per = (w.chunks + ksplit - 1) / ksplit;
-  ksplit = (w.chunks + per - 1) / per;
-  p.ksplit = int(ksplit);
-  p.chunks_per_split = int(per);
-  if (ksplit > 1) {
-    p.partials = ctx.splitk_partials(size_t(ksplit * w.row_blocks * 128 * MT));
+  const SplitK sk = choose_splitk(ctx.sm_count(), occupancy, w.row_blocks, w.chunks);
+  p.ksplit = int(sk.ksplit);
+  p.chunks_per_split = int(sk.per);
+  if (sk.ksplit > 1) {
+    p.partials = ctx.splitk_partials(size_t(sk.ksplit * w.row_blocks * 128 * MT));
     p.counters = ctx.splitk_counters(size_t(w.row_blocks));
   }
-  dim3 grid(unsigned(w.row_blocks), unsigned(ksplit));
+  dim3 grid(unsigned(w.row_blocks), unsigned(sk.ksplit));
   launch_kernel(ctx, nvfp4_decode_kernel<MT, true>, grid, dim3(128), 0, "nvfp4_decode_kernel", p);
 }
 
@@ -310,50 +275,20 @@ void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_
   CM_CU_CHECK((ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0,
               "linear '%s': activations must be 16-byte aligned rows", w.name.c_str());
   if (M <= 0) return;
-  const size_t esize = out == OutType::BF16 ? 2 : 4;
   if (M <= decode_max_m) {
-    for (int64_t m0 = 0; m0 < M; m0 += 32) {
-      const int64_t mm = std::min<int64_t>(32, M - m0);
-      const uint16_t* xs = x + m0 * ldx;
-      void* ys = static_cast<char*>(y) + size_t(m0 * ldy) * esize;
-      if (mm <= 8) launch_decode<1>(ctx, w, xs, mm, ldx, ys, ldy, out);
-      else if (mm <= 16) launch_decode<2>(ctx, w, xs, mm, ldx, ys, ldy, out);
-      else launch_decode<4>(ctx, w, xs, mm, ldx, ys, ldy, out);
-    }
+    decode_in_slices(x, M, ldx, y, ldy, out, [&](auto mt, const uint16_t* xs, int64_t mm, void* ys) {
+      launch_decode<decltype(mt)::value>(ctx, w, xs, mm, ldx, ys, ldy, out);
+    });
     return;
   }
   if (prefill == PrefillKernel::Wgmma || (prefill == PrefillKernel::Auto && auto_uses_wgmma(w, M))) {
     linear_nvfp4_wgmma(ctx, w, x, M, ldx, y, ldy, out);
     return;
   }
-  // Prefill: bf16 panels through cuBLAS (alpha = scale_2).
-  CM_CU_CHECK(w.K % 8 == 0, "linear '%s': K must be a multiple of 8 for the cuBLAS path", w.name.c_str());
-  auto h = static_cast<cublasHandle_t>(ctx.cublas());
-  const float alpha = w.scale_2, beta = 0.f;
-  const cudaDataType_t ct = out == OutType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  if (w.groups > 1) {
-    const int64_t ng = w.N / w.groups;
-    uint16_t* panel = static_cast<uint16_t*>(ctx.panel_scratch(size_t(w.N * w.K) * 2));
-    dequant_nvfp4_bf16(ctx, w, 0, w.N, panel, false);
-    check_cublas(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(ng), int(M), int(w.K), &alpha, panel,
-                                            CUDA_R_16BF, int(w.K), ng * w.K, x, CUDA_R_16BF, int(ldx), w.K, &beta, y,
-                                            ct, int(ldy), ng, w.groups, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "cublasGemmStridedBatchedEx");
-    return;
-  }
-  const int64_t max_panel_bytes = int64_t(256) << 20;
-  int64_t panel_rows = std::max<int64_t>(16, (max_panel_bytes / (2 * w.K)) / 16 * 16);
-  panel_rows = std::min(panel_rows, (w.N + 15) / 16 * 16);
-  uint16_t* panel = static_cast<uint16_t*>(ctx.panel_scratch(size_t(panel_rows * w.K) * 2));
-  for (int64_t r0 = 0; r0 < w.N; r0 += panel_rows) {
-    const int64_t rows = std::min(panel_rows, w.N - r0);
-    dequant_nvfp4_bf16(ctx, w, r0, rows, panel, false);
-    void* yp = static_cast<char*>(y) + size_t(r0) * esize;
-    check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(M), int(w.K), &alpha, panel, CUDA_R_16BF,
-                              int(w.K), x, CUDA_R_16BF, int(ldx), &beta, yp, ct, int(ldy), CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT),
-                 "cublasGemmEx");
-  }
+  // Prefill: exact bf16 panels through cuBLAS (alpha = scale_2).
+  prefill_bf16_panels(
+      ctx, w.name.c_str(), w.N, w.K, w.groups, x, M, ldx, y, ldy, out, w.scale_2,
+      [&](int64_t row0, int64_t rows, uint16_t* panel) { dequant_nvfp4_bf16(ctx, w, row0, rows, panel, false); });
 }
 
 }  // namespace cm::cuda

@@ -1,8 +1,7 @@
 // Epilogue shared by the decode kernels that split K across CTAs (one CTA of
 // 128 threads per 16-row block and K range, tile reduced by reduce_warps in
 // sm90_nvfp4.cuh): the deterministic last-arriver combination of the partial
-// tiles and the store of a 16-row x 8*MT-token tile. The NVFP4 decode kernel
-// has the same code inline and can move to these helpers.
+// tiles and the store of a 16-row x 8*MT-token tile (NVFP4/MXFP4 and FP8).
 #pragma once
 #include <cuda_bf16.h>
 
