@@ -138,6 +138,15 @@ const Shape kShapes[] = {
 
 int copies_for(double bytes) { return int(std::clamp(std::ceil(256e6 / bytes), 1.0, 128.0)); }
 
+// Derived columns of a row from its measured time (r.us), the bytes it must
+// move and its flops.
+void set_rates(KernelBenchRow& r, double bytes, double flop, double copy_gbs) {
+  r.bytes = bytes;
+  r.gbs = bytes / (r.us * 1e-6) / 1e9;
+  r.frac_copy = r.gbs / copy_gbs;
+  r.tflops = flop / (r.us * 1e-6) / 1e12;
+}
+
 void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, double copy_gbs, KernelBenchResult& res) {
   const int64_t N = s.N, K = s.K, G = s.groups, KX = G * K;
   const int64_t mmax = *std::max_element(opt.ms.begin(), opt.ms.end());
@@ -204,10 +213,7 @@ void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, d
       r.us = time_calls(
           ctx, [&](int i) { linear_nvfp4(ctx, ws[size_t(i)], xp, M, KX, y.get(), N, OutType::BF16, dmax, pk); },
           wcopies, opt.repeats);
-      r.bytes = double(ws[0].device_bytes()) + double(M * KX) * 2 + double(M * N) * 2;
-      r.gbs = r.bytes / (r.us * 1e-6) / 1e9;
-      r.frac_copy = r.gbs / copy_gbs;
-      r.tflops = flop / (r.us * 1e-6) / 1e12;
+      set_rates(r, double(ws[0].device_bytes()) + double(M * KX) * 2 + double(M * N) * 2, flop, copy_gbs);
       r.copy_us = copy_us;
       r.cublas_us = cublas_us;
       r.cublas_tflops = flop / (cublas_us * 1e-6) / 1e12;
@@ -267,10 +273,8 @@ void bench_moe(Context& ctx, const KernelBenchOptions& opt, double copy_gbs, Ker
                     wts[size_t(i)].as<const float>(), y.as<float>());
         },
         copies, opt.repeats);
-    r.bytes = touched * double(ex.expert_bytes()) + double(T) * hidden * (2 + 4);
-    r.gbs = r.bytes / (r.us * 1e-6) / 1e9;
-    r.frac_copy = r.gbs / copy_gbs;
-    r.tflops = 2.0 * 3 * double(T) * topk * double(hidden * inter) / (r.us * 1e-6) / 1e12;
+    set_rates(r, touched * double(ex.expert_bytes()) + double(T) * hidden * (2 + 4),
+              2.0 * 3 * double(T) * topk * double(hidden * inter), copy_gbs);
     res.rows.push_back(r);
   }
 }
@@ -394,10 +398,7 @@ void bench_release_formats(Context& ctx, const KernelBenchOptions& opt, double c
           },
           copies, opt.repeats);
       const double flop = 2.0 * double(M) * double(N) * double(K);
-      r.bytes = wbytes + double(M * K) * 2 + double(M * N) * 2;
-      r.gbs = r.bytes / (r.us * 1e-6) / 1e9;
-      r.frac_copy = r.gbs / copy_gbs;
-      r.tflops = flop / (r.us * 1e-6) / 1e12;
+      set_rates(r, wbytes + double(M * K) * 2 + double(M * N) * 2, flop, copy_gbs);
       r.copy_us = copy_us;
       if (nv && nv->cublas_us > 0) {
         r.cublas_us = nv->cublas_us;

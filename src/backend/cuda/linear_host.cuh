@@ -13,6 +13,14 @@
 
 namespace cm::cuda {
 
+// Shape limits common to every uploaded linear: grouped weights split N into
+// groups of whole 16-row blocks, and the kernels index with 32-bit N and K.
+inline void check_upload_shape(const char* name, int64_t N, int64_t K, int groups) {
+  CM_CU_CHECK(groups == 1 || (groups > 1 && N % (int64_t(16) * groups) == 0),
+              "linear '%s': %d groups need N (%lld) divisible by 16*groups", name, groups, (long long)N);
+  CM_CU_CHECK(N < (int64_t(1) << 31) && K < (int64_t(1) << 31), "linear '%s': shape too large", name);
+}
+
 // The decode kernels take at most 32 tokens per launch (MT = 1, 2 or 4
 // groups of 8): launch(std::integral_constant<int, MT>, x_slice, tokens, y_slice)
 // runs once per 32-token slice of x / y.

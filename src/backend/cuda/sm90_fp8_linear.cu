@@ -173,9 +173,7 @@ void decode_slices(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
 
 DeviceFp8Linear upload_fp8(const LinearWeight& w, int groups) {
   Fp8Packed p = pack_fp8(w);
-  CM_CU_CHECK(groups == 1 || (groups > 1 && p.N % (int64_t(16) * groups) == 0),
-              "linear '%s': %d groups need N (%lld) divisible by 16*groups", w.name.c_str(), groups, (long long)p.N);
-  CM_CU_CHECK(p.N < (int64_t(1) << 31) && p.K < (int64_t(1) << 31), "linear '%s': shape too large", w.name.c_str());
+  check_upload_shape(w.name.c_str(), p.N, p.K, groups);
   DeviceFp8Linear d;
   d.name = w.name;
   d.N = p.N;

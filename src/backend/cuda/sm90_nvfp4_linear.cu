@@ -199,9 +199,7 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
 
 DeviceLinear upload_nvfp4(const LinearWeight& w, int groups) {
   Nvfp4Packed p = pack_nvfp4(w);
-  CM_CU_CHECK(groups == 1 || (groups > 1 && p.N % (int64_t(16) * groups) == 0),
-              "linear '%s': %d groups need N (%lld) divisible by 16*groups", w.name.c_str(), groups, (long long)p.N);
-  CM_CU_CHECK(p.N < (int64_t(1) << 31) && p.K < (int64_t(1) << 31), "linear '%s': shape too large", w.name.c_str());
+  check_upload_shape(w.name.c_str(), p.N, p.K, groups);
   DeviceLinear d;
   d.name = w.name;
   d.N = p.N;
