@@ -1,0 +1,81 @@
+// The engine seam: one model step over many sequences, whatever the device.
+//
+// A step takes n tokens from any number of sequences ("slots"). A slot's tokens
+// are contiguous in the batch and in position order, and pos[i] continues that
+// slot's state exactly (the first token of a slot in a step has pos = the
+// number of tokens the slot already holds). Every buffer a backend needs
+// (per-slot caches, activations, scratch) is sized once by reserve() from a
+// CacheShape; a step that asks for more than was reserved is an error naming
+// the limit, never a reallocation (llm.c's "allocate once, check every call").
+// The CPU backend (fp32, the oracle) and the CUDA backend implement the same
+// interface; callers (Session, the server's scheduler, the tests) see only this.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/observer.h"
+#include "ops/linear.h"
+
+namespace cm {
+
+struct Model;
+
+// One engine step (llama.cpp's llama_batch shape: every token carries its
+// position and sequence). Arrays are [n]; logits[i] = 1 asks for row i's logits.
+struct Batch {
+  int32_t n = 0;
+  const int32_t* token = nullptr;
+  const int32_t* pos = nullptr;
+  const int32_t* slot = nullptr;
+  const uint8_t* logits = nullptr;
+};
+
+// Sizes only. max_ctx is the longest sequence a slot may hold (positions
+// 0 … max_ctx−1); it may not exceed the model's max_position_embeddings.
+struct CacheShape {
+  int32_t max_slots = 1;
+  int32_t max_step_tokens = 512;
+  int64_t max_ctx = 4096;
+};
+
+enum class Device : uint8_t { CPU, CUDA };
+const char* device_name(Device d);
+
+// Behaviour of a backend, fixed when it is made.
+struct BackendOptions {
+  Observer* observer = nullptr;        // sees every named intermediate (--layer-stats, dumps)
+  ActQuant act_quant = ActQuant::NONE; // CPU: W4A4 emulation of NVFP4 linears
+};
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+  virtual Device device() const = 0;
+  // The only place that allocates. May be called again to resize (drops every slot's state).
+  virtual void reserve(const CacheShape& shape) = 0;
+  virtual const CacheShape& shape() const = 0;
+  // Bytes of per-sequence state for one slot of shape().max_ctx (also valid before reserve()
+  // for the shape given).
+  virtual size_t bytes_per_slot(const CacheShape& shape) const = 0;
+  // Tokens the slot holds (its next position).
+  virtual int64_t slot_pos(int32_t slot) const = 0;
+  virtual void reset_slot(int32_t slot) = 0;
+  // `to` becomes a copy of `from` (prefix reuse, forking); `from` is unchanged.
+  virtual void copy_slot(int32_t from, int32_t to) = 0;
+  // Runs the step; writes [rows with logits[i] = 1, vocab] fp32 logits in batch order.
+  // Throws cm::Error (naming the limit, the slot or the bad token) and leaves every slot as it
+  // was when the batch is invalid; a step whose logits are non-finite throws naming the first
+  // intermediate that went non-finite.
+  virtual void step(const Batch& batch, float* logits_out) = 0;
+};
+
+// The backend for a device. CUDA throws when the build has no CUDA or no GPU is present.
+std::unique_ptr<ModelBackend> make_backend(const Model& m, Device d, const BackendOptions& opt = {});
+
+// Checks a batch against the reserved shape and the slots' positions (shared by every
+// backend, before any state changes). slot_pos(s) gives the tokens slot s holds.
+void check_batch(const Batch& b, const CacheShape& shape, int64_t vocab, const int64_t* slot_pos);
+
+}  // namespace cm
