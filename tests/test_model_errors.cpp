@@ -1,6 +1,8 @@
 // Routing unit test and bad-input tests for configs, checkpoints and the
 // forward pass: each must produce a cm::Error naming the problem, not a crash.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -111,9 +113,23 @@ TEST(BadConfig, EachProblemIsNamed) {
   EXPECT_EQ(rc.moe_kinds[2], MoeKind::SCORE);
   EXPECT_TRUE(rc.rope_compress.yarn);
   EXPECT_FALSE(rc.rope_main.yarn);
+  EXPECT_EQ(rc.ratio(0), 0);
+  EXPECT_EQ(rc.ratio(1), 4);
+  EXPECT_EQ(rc.ratio(2), 128);
+  // The official rule: 0 = window only, 4 = CSA, any other positive ratio = HCA (per layer).
   json r2 = rel;
   r2["compress_ratios"][1] = 8;
-  EXPECT_NE(error_of([&] { config_from_json(r2); }).find("compress_ratios[1] = 8 is not a known ratio"),
+  r2["compress_ratios"][2] = 64;
+  Config c8 = config_from_json(r2);
+  EXPECT_EQ(c8.attn_kinds[1], AttnKind::HCA);
+  EXPECT_EQ(c8.ratio(1), 8);
+  EXPECT_EQ(c8.ratio(2), 64);
+  EXPECT_EQ(c8.attn_kinds[3], AttnKind::CSA);
+  EXPECT_EQ(c8.ratio(3), 4);
+  r2["compress_ratios"][1] = -4;
+  EXPECT_NE(error_of([&] { config_from_json(r2); }).find("compress_ratios[1] = -4 is out of range"), std::string::npos);
+  r2["compress_ratios"][1] = "4";
+  EXPECT_NE(error_of([&] { config_from_json(r2); }).find("compress_ratios[1]: expected an integer, got the string"),
             std::string::npos);
   r2 = rel;
   r2["compress_ratios"].erase(0);
@@ -187,4 +203,56 @@ TEST(BadInput, TokensOutOfRangeAndTooLong) {
   std::vector<int32_t> toks(9, 4);
   EXPECT_NE(error_of([&] { forward(*m2, s2, toks.data(), 9); }).find("exceeds the model's context of 8"),
             std::string::npos);
+}
+
+// Wrong-typed values name the file, the key and both types (never a bare json exception),
+// and untrusted values are never printed whole.
+TEST(BadConfig, WrongTypesAreNamed) {
+  json base = fixture_config();
+  auto err = [&](const std::function<void(json&)>& f) {
+    json j = base;
+    f(j);
+    return error_of([&] { config_from_json(j, "config.json"); });
+  };
+  EXPECT_EQ(err([](json& j) { j["norm_topk_prob"] = "yes"; }),
+            "config.json: key 'norm_topk_prob': expected a boolean, got a string");
+  EXPECT_EQ(err([](json& j) { j["tie_word_embeddings"] = 1; }),
+            "config.json: key 'tie_word_embeddings': expected a boolean, got an integer");
+  EXPECT_EQ(err([](json& j) { j["scoring_func"] = json::array(); }),
+            "config.json: key 'scoring_func': expected a string, got an array");
+  EXPECT_EQ(err([](json& j) { j["hidden_size"] = json::object({{"a", std::string(100000, 'x')}}); }),
+            "config.json: key 'hidden_size': expected an integer, got an object");
+  EXPECT_NE(err([](json& j) { j["eos_token_id"] = json::array({1, "2"}); }).find("key 'eos_token_id'"),
+            std::string::npos);
+  EXPECT_NE(err([](json& j) { j["eos_token_id"] = 4294967296ull; }).find("outside the vocabulary"), std::string::npos);
+  EXPECT_NE(err([](json& j) { j["quantization_config"] = "fp8"; }).find("key 'quantization_config': expected an object"),
+            std::string::npos);
+  std::string e = err([](json& j) { j["model_type"] = std::string(100000, 'q'); });
+  EXPECT_NE(e.find("not a DeepSeek-V4 model"), std::string::npos);
+  EXPECT_LT(e.size(), 300u) << "the untrusted value was printed whole";
+  e = err([](json& j) { j["hidden_size"] = std::string(100000, 'q'); });
+  EXPECT_LT(e.size(), 300u);
+}
+
+// config.json: nesting is bounded while parsing; a directory or FIFO is not a file.
+TEST(BadConfig, DeepNestingAndNonFiles) {
+  fs::path d = fs::temp_directory_path() / ("cm_cfg_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  json j = fixture_config();
+  std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  std::string text = j.dump();
+  text.insert(text.size() - 1, ",\"quantization_config\":{\"x\":" + deep + "}");
+  std::ofstream(d / "config.json") << text;
+  std::string e = error_of([&] { config_load(d.string()); });
+  EXPECT_NE(e.find("config.json: JSON nested deeper than 64 levels"), std::string::npos) << e.substr(0, 300);
+  fs::remove(d / "config.json");
+  fs::create_directories(d / "config.json");
+  e = error_of([&] { config_load(d.string()); });
+  EXPECT_NE(e.find("config.json: is a directory"), std::string::npos) << e;
+  fs::remove(d / "config.json");
+  ASSERT_EQ(::mkfifo((d / "config.json").c_str(), 0600), 0);
+  e = error_of([&] { config_load(d.string()); });  // must not block
+  EXPECT_NE(e.find("not a regular file"), std::string::npos) << e;
+  fs::remove_all(d);
 }
