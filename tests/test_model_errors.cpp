@@ -24,15 +24,17 @@ namespace {
 
 const std::string kFixture = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_hca_window";
 
-json fixture_config() { return json::parse(std::ifstream(kFixture + "/config.json")); }
+const std::string kRelease = std::string(CLAWMINE_TEST_DATA) + "/golden/release_real_ratios";
 
-// Copies the fixture into a temp dir, letting `edit` change the tensor list.
+json fixture_config(const std::string& dir = kFixture) { return json::parse(std::ifstream(dir + "/config.json")); }
+
+// Copies the fixture `src` into a temp dir, letting `edit` change the tensor list.
 std::string mutated_checkpoint(const std::string& tag, const std::function<void(std::vector<TensorData>&)>& edit,
-                               const json* cfg = nullptr) {
+                               const json* cfg = nullptr, const std::string& src = kFixture) {
   fs::path d = fs::temp_directory_path() / ("cm_bad_" + std::to_string(::getpid()) + "_" + tag);
   fs::remove_all(d);
   fs::create_directories(d);
-  TensorStore s = TensorStore::open_dir(kFixture);
+  TensorStore s = TensorStore::open_dir(src);
   std::vector<TensorData> ts;
   for (auto& [name, v] : s.all()) {
     if (name == "tokens" || name == "logits") continue;
@@ -45,7 +47,7 @@ std::string mutated_checkpoint(const std::string& tag, const std::function<void(
   }
   edit(ts);
   write_safetensors((d / "model.safetensors").string(), ts);
-  std::ofstream(d / "config.json") << (cfg ? *cfg : fixture_config()).dump();
+  std::ofstream(d / "config.json") << (cfg ? *cfg : fixture_config(src)).dump();
   return d.string();
 }
 
@@ -255,4 +257,91 @@ TEST(BadConfig, DeepNestingAndNonFiles) {
   e = error_of([&] { config_load(d.string()); });  // must not block
   EXPECT_NE(e.find("not a regular file"), std::string::npos) << e;
   fs::remove_all(d);
+}
+
+// Part of the release rule (0 window, 4 CSA, other positive = HCA): the config's
+// layer kinds must match the checkpoint, and a mismatch names the layer.
+TEST(BadCheckpoint, LayerKindsMatchTheCheckpoint) {
+  auto load_with = [&](const std::string& tag, int layer, int ratio,
+                       const std::function<void(std::vector<TensorData>&)>& edit = {}) {
+    json cfg = fixture_config(kRelease);
+    cfg["compress_ratios"][layer] = ratio;
+    std::string d = mutated_checkpoint(tag, edit ? edit : [](std::vector<TensorData>&) {}, &cfg, kRelease);
+    return error_of([&] { model_load(d); });
+  };
+  std::string e = load_with("k8", 1, 8);
+  EXPECT_NE(e.find("layer 1: compress_ratio 8 in the config makes it HCA"), std::string::npos) << e;
+  EXPECT_NE(e.find("indexer tensors ('layers.1.attn.indexer."), std::string::npos) << e;
+  e = load_with("k4", 2, 4);
+  EXPECT_NE(e.find("layer 2: compress_ratio 4 in the config makes it CSA"), std::string::npos) << e;
+  EXPECT_NE(e.find("no 'layers.2.attn.indexer.*' tensors"), std::string::npos) << e;
+  e = load_with("k0", 2, 0);
+  EXPECT_NE(e.find("layer 2: compress_ratio 0 in the config makes it sliding-window only, but the checkpoint has "
+                   "compressor tensors"),
+            std::string::npos)
+      << e;
+  e = load_with("k128", 0, 128);
+  EXPECT_NE(e.find("no 'layers.0.attn.compressor.*' tensors"), std::string::npos) << e;
+  e = load_with("k64", 2, 64);
+  EXPECT_NE(e.find("layer 2 (HCA, compress ratio 64 in the config): tensor 'layers.2.attn.compressor.ape' has shape "
+                   "[128, 32], expected [64, 32]"),
+            std::string::npos)
+      << e;
+}
+
+// An HCA ratio other than 128 loads and runs when the checkpoint agrees with it.
+TEST(BadCheckpoint, OtherHcaRatioRuns) {
+  json cfg = fixture_config(kRelease);
+  cfg["compress_ratios"][2] = 64;
+  std::string d = mutated_checkpoint(
+      "hca64",
+      [](std::vector<TensorData>& ts) {
+        for (auto& t : ts)
+          if (t.name == "layers.2.attn.compressor.ape") {
+            t.bytes.resize(t.bytes.size() / size_t(t.shape[0]) * 64);
+            t.shape[0] = 64;
+          }
+      },
+      &cfg, kRelease);
+  auto m = model_load(d);
+  EXPECT_EQ(m->config.ratio(2), 64);
+  EXPECT_EQ(m->config.attn_kinds[2], AttnKind::HCA);
+  State st = state_new(m->config);
+  std::vector<int32_t> toks(130);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t((i * 37 + 5) % 128);
+  std::vector<float> logits = forward(*m, st, toks.data(), int64_t(toks.size()));
+  ASSERT_FALSE(logits.empty());
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+}
+
+// NaN/Inf in a float-format linear weight is refused at load, naming the tensor
+// (small parameters were already checked; linears reached the logits).
+TEST(BadCheckpoint, NonFiniteLinearWeightIsNamed) {
+  std::string d = mutated_checkpoint("nanlin", [](std::vector<TensorData>& ts) {
+    for (auto& t : ts)
+      if (t.name == "model.layers.1.attn.wq_a.weight") {
+        ASSERT_EQ(t.dtype, DType::F32);
+        float nan = NAN;
+        std::memcpy(t.bytes.data() + 4 * 7, &nan, 4);
+      }
+  });
+  std::string e = error_of([&] { model_load(d); });
+  EXPECT_NE(e.find("tensor 'model.layers.1.attn.wq_a.weight' holds 1 non-finite value(s) (NaN or Inf; first at "
+                   "element 7)"),
+            std::string::npos)
+      << e;
+  d = mutated_checkpoint(
+      "inflin",
+      [](std::vector<TensorData>& ts) {
+        for (auto& t : ts)
+          if (t.name == "layers.0.ffn.experts.1.w2.weight" || t.name == "embed.weight") {
+            ASSERT_EQ(t.dtype, DType::BF16);
+            t.bytes[2 * 3] = 0x80;  // +Inf in BF16: 0x7F80
+            t.bytes[2 * 3 + 1] = 0x7f;
+          }
+      },
+      nullptr, kRelease);
+  e = error_of([&] { model_load(d); });
+  EXPECT_NE(e.find("'embed.weight' holds 1 non-finite"), std::string::npos) << e;
+  EXPECT_NE(e.find("'layers.0.ffn.experts.1.w2.weight' holds 1 non-finite"), std::string::npos) << e;
 }
