@@ -56,18 +56,16 @@ std::string read_regular_file(const std::string& path, size_t max_bytes, const s
   return out;
 }
 
+void json_too_deep(const std::string& source, int max_depth) {
+  throw JsonTooDeep(fmt::format("{}: JSON nested deeper than {} levels", source, max_depth));
+}
+
+void json_invalid(const std::string& source, const char* what) {
+  fail("{}: not valid JSON: {}", source, truncate_text(what, 200));
+}
+
 json parse_json(std::string_view text, const std::string& source, int max_depth) {
-  // The callback sees each container as it opens, with the number of containers around it.
-  json::parser_callback_t limit = [&](int depth, json::parse_event_t ev, json&) {
-    if ((ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) && depth >= max_depth)
-      fail("{}: JSON nested deeper than {} levels", source, max_depth);
-    return true;
-  };
-  try {
-    return json::parse(text.begin(), text.end(), limit);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", source, truncate_text(e.what(), 200));
-  }
+  return parse_json_as<json>(text, source, max_depth);
 }
 
 json read_json_file(const std::string& path, size_t max_bytes) {

@@ -15,9 +15,16 @@
 #include <string>
 #include <string_view>
 
+#include "common/error.h"
+
 namespace cm {
 
 constexpr int kMaxJsonDepth = 64;
+
+// Thrown by the JSON parsers below for nesting past the limit (a cm::Error).
+struct JsonTooDeep : Error {
+  using Error::Error;
+};
 constexpr size_t kMaxConfigBytes = size_t(64) << 20;   // config / generation / tokenizer_config / index JSON
 constexpr size_t kMaxTokenizerBytes = size_t(1) << 30; // tokenizer.json
 constexpr size_t kMaxTextBytes = size_t(1) << 30;      // text and token files given with -f / --calib
@@ -31,6 +38,10 @@ std::string read_regular_file(const std::string& path, size_t max_bytes, const s
 // deeper than max_depth.
 nlohmann::json parse_json(std::string_view text, const std::string& source, int max_depth = kMaxJsonDepth);
 
+// parse_json for any nlohmann JSON type (e.g. ordered_json).
+template <class J>
+J parse_json_as(std::string_view text, const std::string& source, int max_depth = kMaxJsonDepth);
+
 // read_regular_file + parse_json.
 nlohmann::json read_json_file(const std::string& path, size_t max_bytes = kMaxConfigBytes);
 
@@ -43,5 +54,23 @@ std::string describe_json(const nlohmann::json& v);
 bool json_int_in(const nlohmann::json& v, int64_t lo, int64_t hi, int64_t* out);
 // s cut to at most n bytes, with "..." when cut.
 std::string truncate_text(std::string_view s, size_t n);
+
+[[noreturn]] void json_too_deep(const std::string& source, int max_depth);
+[[noreturn]] void json_invalid(const std::string& source, const char* what);
+
+template <class J>
+J parse_json_as(std::string_view text, const std::string& source, int max_depth) {
+  // The callback sees each container as it opens, with the number of containers around it.
+  typename J::parser_callback_t limit = [&](int depth, typename J::parse_event_t ev, J&) {
+    if ((ev == J::parse_event_t::object_start || ev == J::parse_event_t::array_start) && depth >= max_depth)
+      json_too_deep(source, max_depth);
+    return true;
+  };
+  try {
+    return J::parse(text.begin(), text.end(), limit);
+  } catch (const typename J::exception& e) {
+    json_invalid(source, e.what());
+  }
+}
 
 }  // namespace cm
