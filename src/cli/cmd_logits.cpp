@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "common/error.h"
+#include "io/output_file.h"
 #include "io/safetensors.h"
 #include "engine/backend.h"
 #include "model/model.h"
@@ -24,6 +25,7 @@ int run(Opts& o) {
   std::vector<int32_t> toks = cm::cli::parse_token_list(o.tokens);
   if (o.chunk < 0) cm::fail("--chunk must be >= 1 (got {})", o.chunk);
   auto m = cm::cli::load_model(o.eng);
+  cm::check_output_path(o.out, {o.eng.model});  // before the model runs: a bad -o fails fast
   cm::LayerStatsObserver stats(stderr);
   const int64_t n = int64_t(toks.size()), V = m->config.vocab_size;
   if (n > m->config.max_position_embeddings)
@@ -39,7 +41,7 @@ int run(Opts& o) {
     const int32_t len = int32_t(std::min(chunk, n - i));
     be->step(cm::Batch{len, toks.data() + i, pos.data() + i, slot.data(), want.data()}, logits.data() + i * V);
   }
-  cm::write_safetensors(o.out, {cm::tensor_f32("logits", {n, V}, logits.data())});
+  cm::write_safetensors(o.out, {cm::tensor_f32("logits", {n, V}, logits.data())}, {}, {o.eng.model});
   std::fprintf(stderr, "wrote logits [%lld, %lld] to %s\n", (long long)n, (long long)V, o.out.c_str());
   return 0;
 }
