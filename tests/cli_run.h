@@ -26,7 +26,7 @@ struct RunResult {
 
 struct RunOptions {
   std::string stdin_text;                 // written to a file that becomes stdin
-  bool has_stdin = false;                 // false: stdin is /dev/null
+  bool has_stdin = false;                 // false: stdin is an empty file (not a terminal)
   std::vector<std::string> set_env;       // "NAME=value"
   std::vector<std::string> unset_env;     // names
 };
@@ -44,10 +44,11 @@ inline RunResult run_program(const std::vector<std::string>& argv, const RunOpti
   const std::string base =
       (fs::temp_directory_path() / ("cm_run_" + std::to_string(::getpid()) + "_" + std::to_string(counter++))).string();
   const std::string in = base + ".in", out = base + ".out", err = base + ".err";
-  if (o.has_stdin) std::ofstream(in, std::ios::binary) << o.stdin_text;
+  // An empty file rather than /dev/null: the test does not depend on the device.
+  std::ofstream(in, std::ios::binary) << (o.has_stdin ? o.stdin_text : std::string());
   pid_t pid = ::fork();
   if (pid == 0) {
-    int fi = ::open(o.has_stdin ? in.c_str() : "/dev/null", O_RDONLY);
+    int fi = ::open(in.c_str(), O_RDONLY);
     int fo = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     int fe = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     ::dup2(fi, 0);

@@ -205,7 +205,7 @@ TEST(CliUsage, PromptFromFileStdinAndEscapes) {
   // --no-display-prompt prints only the generated text.
   RunResult nd = cm_run(with({"-p", "And God said", "--no-display-prompt"}));
   EXPECT_EQ(nd.out, p.out.substr(12)) << nd.out;
-  // No prompt at all (stdin is /dev/null, not a terminal): an empty prompt.
+  // No prompt at all (stdin is an empty file, not a terminal): an empty prompt.
   RunResult none = cm_run(gen);
   EXPECT_EQ(none.code, 1);
   EXPECT_TRUE(has(none.err, "the prompt is empty")) << none.err;
