@@ -78,6 +78,9 @@ TEST(CliUsage, HelpAndHelpCommand) {
   for (const char* f : {"--ctx-size", "--no-escape", "--no-display-prompt", "--file", "--seed", "--temp"})
     EXPECT_TRUE(has(gen.out, f)) << f << "\n" << gen.out;
   EXPECT_FALSE(has(gen.out, "--stride"));  // the flags of generate, not of every command
+  RunResult none = cm_run({});
+  EXPECT_EQ(none.code, 1);
+  EXPECT_TRUE(has(none.err, "generate")) << none.err;
   RunResult bad = cm_run({"help", "chta"});
   EXPECT_EQ(bad.code, 1);
   EXPECT_TRUE(has(bad.err, "did you mean 'chat'?")) << bad.err;

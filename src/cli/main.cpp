@@ -101,6 +101,10 @@ int main(int argc, char** argv) {
     // The first word that is not a flag names the command.
     int at = 1;
     while (at < argc && argv[at][0] == '-') ++at;
+    if (argc == 1) {  // no command: the list of commands, as llama.cpp's tools print their usage
+      std::fputs(app.help().c_str(), stderr);
+      return 1;
+    }
     if (at < argc) {
       const std::string name = argv[at];
       if (name == "help") {
