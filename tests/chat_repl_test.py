@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""`clawmine chat` driven through a pseudo-terminal, as a person would: two
-turns, Ctrl-C during each answer must stop the answer (" [stopped]") but not
-the program, /reset keeps it alive, and /exit ends it with status 0.
+"""`clawmine chat` driven through a pseudo-terminal, as a person would: loading
+shows its progress on the terminal, two turns, Ctrl-C during each answer must
+stop the answer (" [stopped]") but not the program, /reset confirms and keeps
+it alive, and /exit ends it with status 0.
 Usage: chat_repl_test.py --clawmine BIN --model DIR"""
 import argparse
 import os
@@ -35,6 +36,8 @@ def main():
                 return
 
     pump(10, b"> ")
+    assert b"mapping and validating every tensor" in out and b"tensors," in out and b"validated in" in out, \
+        "no loading progress on the terminal: %r" % bytes(out[:500])
     for question in (b"And God said", b"who art thou"):
         before = len(out)
         os.write(fd, question + b"\r")
@@ -44,7 +47,8 @@ def main():
         pump(5, b"[stopped]")
         pump(1)
     os.write(fd, b"/reset\r")
-    pump(1)
+    pump(3, b"history cleared")
+    assert b"history cleared" in out, bytes(out[-500:])
     os.write(fd, b"/exit\r")
     pump(5)
     _, status = os.waitpid(pid, 0)

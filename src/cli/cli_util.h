@@ -1,5 +1,5 @@
-// Small helpers shared by CLI commands: token-list parsing, the standard
-// model-loading flags.
+// Small helpers shared by CLI commands: token-list parsing, escapes, reading
+// a prompt, and the "did you mean" suggestion for mistyped names.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -7,7 +7,20 @@
 
 namespace cm::cli {
 
-// "5,17,42" -> {5, 17, 42}; rejects empty items, non-digits and overflow.
-std::vector<int32_t> parse_token_list(const std::string& s);
+// "5,17,42", "5 17 42" (as `tokenize` prints) or a mix -> {5, 17, 42};
+// rejects an empty list, empty items between commas, non-digits and overflow.
+// `flag` names the option in errors.
+std::vector<int32_t> parse_token_list(const std::string& s, const std::string& flag = "--tokens");
+
+// llama.cpp's -p escape processing: \n \t \r \a \b \f \v \\ \' \" \? and \xHH;
+// an unknown escape is kept as written.
+std::string process_escapes(const std::string& s);
+
+// The whole of a file's bytes, or of stdin for "-"; fails naming `flag` and the path.
+std::string read_text_file(const std::string& path, const std::string& flag);
+
+// The candidate nearest to `name` (edit distance, or a prefix either way), or
+// "" when none is close enough to be a plausible typo.
+std::string nearest(const std::string& name, const std::vector<std::string>& candidates);
 
 }  // namespace cm::cli

@@ -1,9 +1,12 @@
-// `clawmine chat [-m DIR] [--think] [--system S] [--hide-reasoning] [-n N] [sampling flags]`
+// `clawmine chat [-m DIR] [--think] [--system S] [--hide-reasoning] [-n N] [-c CTX] [--verbose] [sampling flags]`
 // An interactive multi-turn REPL with the DeepSeek-V4 chat format. The
 // history is kept (and the model state reused when the new prompt extends
 // it); reasoning is shown dimmed on a terminal or hidden with
 // --hide-reasoning; Ctrl-C stops the current answer, not the program
-// (Ctrl-C at the prompt, Ctrl-D or /exit quit; /reset clears the history).
+// (Ctrl-C at the prompt, Ctrl-D or /exit quit). Lines starting with '/' are
+// commands (/help, /reset, /exit), never sent to the model; an unknown one is
+// refused. An answer cut at -n or at the context says so; --verbose prints the
+// speed after each answer.
 #include <unistd.h>
 
 #include <atomic>
@@ -38,19 +41,32 @@ void on_sigint(int) {
 struct Opts {
   cm::cli::EngineOptions eng;
   std::string system;
-  int64_t n_predict = 512;
+  int64_t n_predict = 512, ctx = 0, seed = -1;
   cm::SamplingParams sp;
   CLI::App* app = nullptr;
-  bool think = false, hide_reasoning = false;
+  bool think = false, hide_reasoning = false, verbose = false;
 };
 
+const char* kChatHelp =
+    "commands:\n"
+    "  /help           this list\n"
+    "  /reset          forget the conversation (the system prompt stays)\n"
+    "  /exit, /quit    leave (Ctrl-D too; Ctrl-C stops an answer, or leaves at the prompt)\n";
+
 int run(Opts& o) {
+  if (o.n_predict < 1) cm::fail("-n must be >= 1 (got {})", o.n_predict);
+  if (o.ctx < 0) cm::fail("-c/--ctx-size must be >= 1, or 0 for the model's context (got {})", o.ctx);
+  cm::cli::check_seed(o.seed);
   cm::validate_sampling_params(o.sp);
   auto m = cm::cli::load_model(o.eng);
-  const cm::SamplingParams sp = cm::cli::effective_sampling(*o.app, o.sp, o.eng.model);
+  const int64_t model_ctx = m->config.max_position_embeddings;
+  if (o.ctx > model_ctx) cm::fail("-c/--ctx-size {} exceeds the model's context of {} tokens", o.ctx, model_ctx);
+  const int64_t ctx = o.ctx > 0 ? o.ctx : model_ctx;
+  const cm::SamplingParams sp = cm::cli::effective_sampling(*o.app, o.sp, o.seed, o.eng.model);
   const std::vector<int32_t> extra_eos = cm::load_generation_config(o.eng.model).eos_ids;
   cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
   cm::LayerStatsObserver stats(stderr);
+  o.eng.ctx_size = ctx;
   auto be = cm::cli::make_backend(o.eng, *m, &stats, cm::CacheShape{1, 512, 0});
   cm::Session session(*be, m->config, &tok);
   const auto mode = o.think ? cm::chat::Mode::Thinking : cm::chat::Mode::Chat;
@@ -58,8 +74,10 @@ int run(Opts& o) {
   nlohmann::ordered_json history = nlohmann::ordered_json::array();
   if (!o.system.empty()) history.push_back({{"role", "system"}, {"content", o.system}});
   std::signal(SIGINT, on_sigint);
-  std::fprintf(stderr, "clawmine chat: %s (%s mode). /reset clears the history, /exit or Ctrl-D quits.\n",
-               o.eng.model.c_str(), o.think ? "thinking" : "chat");
+  std::fprintf(stderr,
+               "clawmine chat: %s (%s mode, context %lld, seed %llu). /help lists the commands, /exit or Ctrl-D "
+               "quits.\n",
+               o.eng.model.c_str(), o.think ? "thinking" : "chat", (long long)ctx, (unsigned long long)sp.seed);
   std::string line;
   while (true) {
     std::fputs(tty ? "\x1b[1m> \x1b[0m" : "> ", stdout);
@@ -69,29 +87,51 @@ int run(Opts& o) {
     if (line == "/reset") {
       history.erase(history.begin() + (o.system.empty() ? 0 : 1), history.end());
       session.reset();
+      std::fputs(o.system.empty() ? "history cleared\n" : "history cleared (the system prompt stays)\n", stdout);
+      continue;
+    }
+    if (line == "/help" || line == "/?") {
+      std::fputs(kChatHelp, stdout);
+      continue;
+    }
+    if (!line.empty() && line[0] == '/') {
+      std::string cmd = line.substr(0, line.find(' '));
+      std::fprintf(stdout, "unknown command %s (not sent to the model); /help lists the commands\n", cmd.c_str());
       continue;
     }
     if (line.empty()) continue;
     history.push_back({{"role", "user"}, {"content", line}});
     cm::GenerateRequest req;
     req.prompt = tok.encode(cm::chat::encode_messages(history, cm::chat::ChatOptions{mode, true, true, ""}));
-    req.max_tokens = o.n_predict;
     req.sampling = sp;
     req.eos_ids = extra_eos;
-    if (int64_t(req.prompt.size()) + 1 >= m->config.max_position_embeddings) {
-      std::fprintf(stderr, "the conversation no longer fits the context (%lld tokens); /reset to start over\n",
-                   (long long)m->config.max_position_embeddings);
+    if (int64_t(req.prompt.size()) + 1 >= ctx) {
+      std::fprintf(stderr, "the conversation (%lld tokens) no longer fits the context (%lld tokens); /reset to start over\n",
+                   (long long)req.prompt.size(), (long long)ctx);
       history.erase(history.end() - 1);
       continue;
     }
+    req.max_tokens = std::min(o.n_predict, ctx - int64_t(req.prompt.size()));
     cm::cli::TextPrinter out(mode, o.hide_reasoning);
     g_cancel.store(false);
     g_generating.store(true);
     cm::GenerateResult r = session.generate(req, [&](const std::string& p) { out.push(p); }, &g_cancel);
     g_generating.store(false);
     out.finish();
-    std::fputs(r.finish_reason == "cancelled" ? " [stopped]\n" : "\n", stdout);
+    const int64_t used = r.prompt_tokens + int64_t(r.tokens.size());
+    if (r.finish_reason == "cancelled") std::fputs(" [stopped]\n", stdout);
+    else if (r.finish_reason == "length" && int64_t(r.tokens.size()) >= o.n_predict)
+      std::fprintf(stdout, " [cut: -n %lld tokens reached]\n", (long long)o.n_predict);
+    else if (r.finish_reason == "length" && used >= ctx)
+      std::fprintf(stdout, " [cut: the context of %lld tokens is full; /reset to start over]\n", (long long)ctx);
+    else std::fputs("\n", stdout);
     std::fflush(stdout);
+    if (o.verbose)
+      std::fprintf(stderr, "[prompt: %lld new tokens (%lld reused), %.1f tok/s | answer: %lld tokens, %.1f tok/s | context %lld/%lld]\n",
+                   (long long)(r.prompt_tokens - r.prompt_reused), (long long)r.prompt_reused,
+                   r.prompt_seconds > 0 ? double(r.prompt_tokens - r.prompt_reused) / r.prompt_seconds : 0.0,
+                   (long long)r.tokens.size(), r.gen_seconds > 0 ? double(r.tokens.size()) / r.gen_seconds : 0.0,
+                   (long long)used, (long long)ctx);
     std::string done = r.text;
     if (mode == cm::chat::Mode::Thinking && done.find(cm::chat::kThinkEnd) == std::string::npos)
       done += cm::chat::kThinkEnd;  // an interrupted answer: keep what was said as reasoning
@@ -105,12 +145,16 @@ cm::cli::CommandRegistrar reg({"chat", "Interactive multi-turn chat with the Dee
                                [](CLI::App& app) -> cm::cli::CommandRun {
                                  auto o = std::make_shared<Opts>();
                                  o->app = &app;
-                                 cm::cli::add_engine_options(app, o->eng, /*model_required=*/false);
+                                 cm::cli::add_engine_options(app, o->eng);
                                  app.add_flag("--think", o->think, "Thinking mode (<think>)");
                                  app.add_option("--system", o->system, "System prompt");
                                  app.add_flag("--hide-reasoning", o->hide_reasoning, "Hide the reasoning");
                                  app.add_option("-n,--n-predict", o->n_predict, "Max tokens per answer (512)");
-                                 cm::cli::add_sampling_options(app, o->sp);
+                                 app.add_option("-c,--ctx-size", o->ctx,
+                                                "Context size in tokens for the whole conversation (0 = the "
+                                                "model's, the default)");
+                                 app.add_flag("--verbose", o->verbose, "Print the speed after each answer (stderr)");
+                                 cm::cli::add_sampling_options(app, o->sp, o->seed);
                                  return [o] { return run(*o); };
                                }});
 

@@ -1,4 +1,4 @@
-// `clawmine logits --model DIR --tokens 5,17,42 [--chunk N] --out FILE`
+// `clawmine logits [-m DIR] --tokens 5,17,42 [--chunk N] --out FILE`
 // Feeds the tokens N at a time (default: all at once) and writes a
 // safetensors file with one F32 tensor `logits` [tokens, vocab].
 #include <cstdio>

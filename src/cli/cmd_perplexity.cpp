@@ -5,7 +5,9 @@
 // from a fresh state; the first window scores every token after its first,
 // later windows score only their last S tokens (those no earlier window
 // scored). Only full windows are used. Prints a progress line on stderr and
-// the perplexity exp(mean NLL) on stdout.
+// the perplexity exp(mean NLL) on stdout, then llama-perplexity's
+// "Final estimate: PPL = x +/- e" line, e = PPL * (standard error of the
+// mean NLL over the scored tokens).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -51,7 +53,7 @@ int run(Opts& o) {
   std::vector<int32_t> pos(static_cast<size_t>(ctx)), slot(size_t(ctx), 0);
   std::vector<uint8_t> want(size_t(ctx), 1);
   for (int64_t i = 0; i < ctx; ++i) pos[size_t(i)] = int32_t(i);
-  double nll = 0;
+  double nll = 0, nll2 = 0;
   int64_t scored = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t w = 0; w < windows; ++w) {
@@ -65,7 +67,9 @@ int run(Opts& o) {
       for (int64_t v = 1; v < V; ++v) mx = std::max(mx, row[v]);
       double sum = 0;
       for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v] - mx));
-      nll += std::log(sum) + mx - row[ids[size_t(start + p)]];
+      const double l = std::log(sum) + mx - row[ids[size_t(start + p)]];
+      nll += l;
+      nll2 += l * l;
       ++scored;
     }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -77,6 +81,10 @@ int run(Opts& o) {
   std::printf("perplexity: %.4f (%lld tokens scored, %lld windows, ctx %lld, stride %lld)\n",
               std::exp(nll / double(scored)), (long long)scored, (long long)windows, (long long)ctx,
               (long long)stride);
+  const double mean = nll / double(scored), ppl = std::exp(mean);
+  const double var = scored > 1 ? std::max(0.0, nll2 / double(scored) - mean * mean) : 0.0;
+  const double se = scored > 1 ? std::sqrt(var / double(scored - 1)) : 0.0;
+  std::printf("Final estimate: PPL = %.4f +/- %.5f\n", ppl, se * ppl);
   return 0;
 }
 

@@ -1,7 +1,7 @@
 // `clawmine tokenize` and `clawmine detokenize`: text <-> token ids with a model's tokenizer.json,
 // for checking prompts and for the differential test against HF `tokenizers`
 // (tests/tokenizer_diff.py uses --batch-hex). --model may be a directory holding only the
-// tokenizer files.
+// tokenizer files; without it the embedded default model's tokenizer is used.
 #include <chrono>
 #include <ctime>
 #include <cstdio>
@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/engine_options.h"
 #include "common/error.h"
 #include "io/input_file.h"
 #include "tokenizer/tokenizer.h"
@@ -70,12 +71,13 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 
 struct TokenizeOptions {
   std::string model, prompt, file, batch_hex;
+  CLI::Option* model_flag = nullptr;
   bool no_special = false, add_special = false, time = false;
 };
 
 cm::cli::CommandRegistrar reg_tokenize({"tokenize", "Print the token ids of a text", [](CLI::App& app) {
   auto o = std::make_shared<TokenizeOptions>();
-  app.add_option("-m,--model", o->model, "Model directory (tokenizer.json, tokenizer_config.json)")->required();
+  cm::cli::add_model_option(app, o->model, &o->model_flag);
   auto* p = app.add_option("-p,--prompt", o->prompt, "Text to tokenize");
   auto* f = app.add_option("-f,--file", o->file, "File whose exact bytes are tokenized");
   auto* b = app.add_option("--batch-hex", o->batch_hex,
@@ -87,7 +89,7 @@ cm::cli::CommandRegistrar reg_tokenize({"tokenize", "Print the token ids of a te
   app.add_flag("--time", o->time, "Print encode speed (MB/s) on stderr");
   return [o, p, f, b]() -> int {
     CM_CHECK(p->count() + f->count() + b->count() == 1, "tokenize: give one of -p TEXT, --file F, --batch-hex F");
-    cm::Tokenizer tok = cm::Tokenizer::load(o->model);
+    cm::Tokenizer tok = cm::Tokenizer::load(cm::cli::resolve_model(o->model, o->model_flag));
     cm::EncodeOptions eo{.parse_special = !o->no_special, .add_special = o->add_special};
     if (b->count()) {
       std::istringstream in(read_all(o->batch_hex, "--batch-hex"));
@@ -118,17 +120,18 @@ cm::cli::CommandRegistrar reg_tokenize({"tokenize", "Print the token ids of a te
 
 struct DetokenizeOptions {
   std::string model, ids;
+  CLI::Option* model_flag = nullptr;
   bool skip_special = false;
 };
 
 cm::cli::CommandRegistrar reg_detokenize({"detokenize", "Print the text of token ids (exact bytes, no newline added)",
                                           [](CLI::App& app) {
   auto o = std::make_shared<DetokenizeOptions>();
-  app.add_option("-m,--model", o->model, "Model directory (tokenizer.json, tokenizer_config.json)")->required();
-  app.add_option("--ids", o->ids, "Token ids, e.g. 1,2,3")->required();
+  cm::cli::add_model_option(app, o->model, &o->model_flag);
+  app.add_option("--ids", o->ids, "Token ids, e.g. 1,2,3 or \"1 2 3\"")->required();
   app.add_flag("--skip-special", o->skip_special, "Leave special tokens out");
   return [o]() -> int {
-    cm::Tokenizer tok = cm::Tokenizer::load(o->model);
+    cm::Tokenizer tok = cm::Tokenizer::load(cm::cli::resolve_model(o->model, o->model_flag));
     std::string text = tok.decode(parse_ids(o->ids), o->skip_special);
     std::fwrite(text.data(), 1, text.size(), stdout);
     return 0;

@@ -1,20 +1,57 @@
 #include "cli/engine_options.h"
 
 #include <omp.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <random>
 
+#include "cli/threads.h"
 #include "common/error.h"
 #include "sampling/generation_config.h"
 
 namespace cm::cli {
 
-void add_engine_options(CLI::App& app, EngineOptions& o, bool model_required) {
-  auto* m = app.add_option("-m,--model", o.model, "Checkpoint directory (config.json + *.safetensors)")
-                ->envname("CLAWMINE_MODEL");
-  if (model_required) m->required();
-  else m->default_str(CLAWMINE_DEFAULT_MODEL);
-  app.add_option("-t,--threads", o.threads, "CPU threads (0 = all cores)")->envname("CLAWMINE_THREADS")
+namespace fs = std::filesystem;
+
+std::string default_model_dir() {
+  // Relative to the binary, never a path fixed at configure time, so the build
+  // tree and an installed (or moved) prefix both work.
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) fail("cannot locate the clawmine binary (/proc/self/exe: {}) to find the default model; give -m DIR",
+               ec.message());
+  const fs::path bin = exe.parent_path();
+  const fs::path tries[] = {bin / ".." / "share" / "clawmine" / "models" / "default",
+                            bin / "share" / "clawmine" / "models" / "default"};
+  for (const fs::path& p : tries)
+    if (fs::exists(p / "config.json")) return fs::weakly_canonical(p).string();
+  fail("the default model is not installed next to {} (looked in {} and {}); give -m DIR", exe.string(),
+       tries[0].lexically_normal().string(), tries[1].lexically_normal().string());
+}
+
+CLI::Option* add_model_option(CLI::App& app, std::string& model, CLI::Option** flag) {
+  CLI::Option* m = app.add_option("-m,--model", model,
+                                  "Checkpoint directory (config.json + *.safetensors); default: the embedded "
+                                  "default model installed with clawmine")
+                       ->envname("CLAWMINE_MODEL");
+  if (flag) *flag = m;
+  return m;
+}
+
+std::string resolve_model(const std::string& model, const CLI::Option* flag) {
+  if (!model.empty()) return model;
+  if (flag && flag->count() > 0)
+    fail("-m/--model: empty directory name (leave -m out to use the embedded default model)");
+  return default_model_dir();
+}
+
+void add_engine_options(CLI::App& app, EngineOptions& o) {
+  add_model_option(app, o.model, &o.model_flag);
+  app.add_option("-t,--threads", o.threads,
+                 "CPU threads (0 = the default: the cores not busy with other processes when clawmine starts)")->envname("CLAWMINE_THREADS")
       ->check(CLI::Range(0, 4096));
   app.add_flag("--layer-stats", o.layer_stats,
                "After every layer print amax/mean/NaN/Inf of each residual stream and of the attention and MoE "
@@ -30,7 +67,7 @@ void add_engine_options(CLI::App& app, EngineOptions& o, bool model_required) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 }
 
-void add_sampling_options(CLI::App& app, SamplingParams& sp) {
+void add_sampling_options(CLI::App& app, SamplingParams& sp, int64_t& seed) {
   app.add_option("--temp", sp.temperature, "Temperature (0 = greedy; default from generation_config.json, else greedy)");
   app.add_option("--top-k", sp.top_k, "Top-k (0 = off)");
   app.add_option("--top-p", sp.top_p, "Top-p (1 = off)");
@@ -38,10 +75,16 @@ void add_sampling_options(CLI::App& app, SamplingParams& sp) {
   app.add_option("--repeat-penalty", sp.repetition_penalty, "Repetition penalty (1 = off)");
   app.add_option("--presence-penalty", sp.presence_penalty, "Presence penalty");
   app.add_option("--frequency-penalty", sp.frequency_penalty, "Frequency penalty");
-  app.add_option("-s,--seed", sp.seed, "Random seed");
+  app.add_option("-s,--seed", seed, "Random seed (-1 = random, the default; the seed used is printed)");
 }
 
-SamplingParams effective_sampling(const CLI::App& app, const SamplingParams& f, const std::string& model_dir) {
+void check_seed(int64_t seed) {
+  if (seed < -1) fail("-s/--seed must be -1 (random) or >= 0 (got {})", seed);
+}
+
+SamplingParams effective_sampling(const CLI::App& app, const SamplingParams& f, int64_t seed,
+                                  const std::string& model_dir) {
+  check_seed(seed);
   SamplingParams sp = load_generation_config(model_dir).sampling;
   auto given = [&](const char* flag) { return app.count(flag) > 0; };
   if (given("--temp")) sp.temperature = f.temperature;
@@ -51,17 +94,36 @@ SamplingParams effective_sampling(const CLI::App& app, const SamplingParams& f, 
   if (given("--repeat-penalty")) sp.repetition_penalty = f.repetition_penalty;
   if (given("--presence-penalty")) sp.presence_penalty = f.presence_penalty;
   if (given("--frequency-penalty")) sp.frequency_penalty = f.frequency_penalty;
-  sp.seed = f.seed;
+  // A random seed is printed with the stats, so it fits in 32 bits to be easy to retype.
+  sp.seed = seed >= 0 ? uint64_t(seed) : uint64_t(std::random_device{}() & 0x7fffffffu);
   validate_sampling_params(sp);
   return sp;
 }
 
 std::unique_ptr<Model> load_model(EngineOptions& o) {
-  if (o.model.empty()) o.model = CLAWMINE_DEFAULT_MODEL;
-  if (o.threads > 0) omp_set_num_threads(o.threads);
+  o.model = resolve_model(o.model, o.model_flag);
+  o.threads_used = o.threads > 0 ? o.threads : default_threads();
+  omp_set_num_threads(o.threads_used);
   LoadOptions lo;
   lo.linear.allow_missing_input_scale = o.derive_input_scale;
-  return model_load(o.model, lo);
+  const bool tty = ::isatty(STDERR_FILENO);
+  if (tty) {
+    std::fprintf(stderr, "loading %s: mapping and validating every tensor...", o.model.c_str());
+    std::fflush(stderr);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<Model> m;
+  try {
+    m = model_load(o.model, lo);
+  } catch (...) {
+    if (tty) std::fputc('\n', stderr);
+    throw;
+  }
+  o.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (tty)
+    std::fprintf(stderr, "\rloaded %s: %zu tensors, %.1f MB mapped and validated in %.2f s%20s\n", o.model.c_str(),
+                 m->store.all().size(), double(m->store.total_bytes()) / 1e6, o.load_seconds, "");
+  return m;
 }
 
 int64_t context_size(const EngineOptions& o, const Model& m) {

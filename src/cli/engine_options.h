@@ -1,6 +1,8 @@
 // The options every model-running command shares, in one struct fed by CLI
-// flags (an environment mirror is declared next to its flag, nowhere else).
-// Commands: logits, generate (and later chat, serve, perplexity).
+// flags (an environment mirror is declared next to its flag, nowhere else),
+// and the default model: `-m` means the same in every command (a checkpoint
+// directory; left out, the embedded default model installed next to the
+// binary; given empty, an error).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <memory>
@@ -13,27 +15,47 @@
 namespace cm::cli {
 
 struct EngineOptions {
-  std::string model;               // -m, --model DIR
-  int threads = 0;                 // -t, --threads (0 = all cores)       env CLAWMINE_THREADS
+  std::string model;               // -m, --model DIR                     env CLAWMINE_MODEL
+  int threads = 0;                 // -t, --threads (0 = free cores)      env CLAWMINE_THREADS
   bool layer_stats = false;        // --layer-stats
   bool derive_input_scale = false; // --derive-input-scale (NVFP4)
   std::string act_quant = "none";  // --act-quant none|nvfp4
   int64_t ctx_size = 0;            // context a sequence may reach (0 = the model's, at most 4096)
   std::string device = "auto";     // --device auto|cpu|cuda (auto: cuda when a GPU is present)
+  CLI::Option* model_flag = nullptr;
+  double load_seconds = 0;         // set by load_model
+  int threads_used = 0;            // set by load_model
 };
 
-// Declares the shared flags on a subcommand. model_required: -m must be given.
-void add_engine_options(CLI::App& app, EngineOptions& o, bool model_required = true);
+// The embedded default model: share/clawmine/models/default found relative to
+// the running binary (bin/../share/... when installed, ./share/... in the build
+// tree). Fails naming the places looked at when it is in none of them.
+std::string default_model_dir();
 
-// Declares the sampling flags (llama.cpp spelling) bound to sp.
-void add_sampling_options(CLI::App& app, SamplingParams& sp);
+// Declares -m/--model (optional: the default model when left out).
+CLI::Option* add_model_option(CLI::App& app, std::string& model, CLI::Option** flag);
+// The directory a command uses: the -m value, or the default model; `-m ''` is an error.
+std::string resolve_model(const std::string& model, const CLI::Option* flag);
+
+// Declares the shared flags on a subcommand.
+void add_engine_options(CLI::App& app, EngineOptions& o);
+
+// The sampling flags (llama.cpp spelling) bound to sp; the seed is separate
+// because -1 (the default) means a random one.
+void add_sampling_options(CLI::App& app, SamplingParams& sp, int64_t& seed);
 
 // The sampling parameters for a run: the model's generation_config.json
-// defaults, overridden by the sampling flags given on the command line.
-SamplingParams effective_sampling(const CLI::App& app, const SamplingParams& flags, const std::string& model_dir);
+// defaults, overridden by the sampling flags given on the command line; the
+// seed is `seed`, or a random one when it is -1 (the result holds the one used).
+SamplingParams effective_sampling(const CLI::App& app, const SamplingParams& flags, int64_t seed,
+                                  const std::string& model_dir);
 
-// Applies threads, loads the model with the load options (the embedded
-// default model when -m was not given; o.model is set to the path used).
+// Checks -s before a model loads: -1 (random) or a value >= 0.
+void check_seed(int64_t seed);
+
+// Applies threads, loads the model (o.model is set to the directory used and
+// o.load_seconds to the time taken). On a terminal, stderr shows what is
+// being loaded and when it is done.
 std::unique_ptr<Model> load_model(EngineOptions& o);
 // The backend for these flags (`stats` observes when --layer-stats is on),
 // reserved for `shape`. shape.max_ctx = 0 takes context_size(o, m).
