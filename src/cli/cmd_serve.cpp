@@ -103,6 +103,7 @@ int run(Opts& o) {
       http.refuse_new();
       while (http.busy() && sigtimedwait(&sigs, nullptr, &tick) < 0) {
       }
+      engine.stop();  // after a second signal: ends what still runs, so no handler waits forever
       http.stop();
       return;
     }

@@ -33,8 +33,13 @@ void ChatStreamer::safe_views(bool final, std::string_view* reasoning, std::stri
     *reasoning = all.substr(0, p);
     all.remove_prefix(p + chat::kThinkEnd.size());
   }
-  size_t end = std::min(all.find(calls_start()), all.find(dsml_open()));
-  if (end == std::string_view::npos) {
+  const size_t calls = all.find(calls_start());
+  size_t end = std::min(calls, all.find(dsml_open()));
+  if (end != std::string_view::npos && calls == std::string_view::npos && !final) {
+    // "<｜DSML｜" complete but not yet the whole "\n\n<｜DSML｜tool_calls": the newlines before it
+    // may still belong to the block's opening.
+    for (int i = 0; i < 2 && end > 0 && all[end - 1] == '\n'; ++i) --end;
+  } else if (end == std::string_view::npos) {
     end = all.size();
     if (!final)
       end -= std::max(chat::partial_suffix_len(all, calls_start()), chat::partial_suffix_len(all, dsml_open()));

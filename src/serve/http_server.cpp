@@ -5,6 +5,7 @@
 #include "serve/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cstdio>
@@ -53,8 +54,12 @@ struct HttpServer::Impl {
   httplib::Server svr;
   std::atomic<bool> draining{false};
   std::atomic<int64_t> inflight{0};
+  int listen_fd = -1;
   std::mutex rng_mu;
   std::mt19937_64 rng{std::random_device{}()};
+
+  Impl(Engine& e, const Tokenizer& t, Metrics& m, RequestDefaults d, HttpOptions o)
+      : engine(e), tok(t), metrics(m), defaults(std::move(d)), opt(std::move(o)) {}
 
   uint64_t random64() {
     std::lock_guard<std::mutex> l(rng_mu);
@@ -182,6 +187,12 @@ void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response
 
 void HttpServer::Impl::routes() {
   svr.set_payload_max_length(opt.max_body_bytes);
+  // cpp-httplib listens with a backlog of 5 (a compile-time constant of Debian's library): keep
+  // the listening socket so bind() can raise it, else a burst of clients sees refused connections.
+  svr.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    if (listen_fd < 0) listen_fd = sock;
+  });
   svr.set_keep_alive_timeout(2);
   const int n_threads = opt.http_threads;
   svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(size_t(n_threads)); };
@@ -231,7 +242,7 @@ void HttpServer::Impl::routes() {
 }
 
 HttpServer::HttpServer(Engine& engine, const Tokenizer& tok, Metrics& metrics, RequestDefaults defaults, HttpOptions opt)
-    : impl_(new Impl{engine, tok, metrics, std::move(defaults), std::move(opt), {}, {}, {}, {}, {}}) {
+    : impl_(new Impl(engine, tok, metrics, std::move(defaults), std::move(opt))) {
   impl_->routes();
 }
 
@@ -239,14 +250,16 @@ HttpServer::~HttpServer() = default;
 
 int HttpServer::bind() {
   Impl& m = *impl_;
-  if (m.opt.port == 0) {
-    int p = m.svr.bind_to_any_port(m.opt.host);
-    CM_CHECK(p > 0, "serve: cannot listen on {} (any port)", m.opt.host);
-    return p;
+  int port = m.opt.port;
+  if (port == 0) {
+    port = m.svr.bind_to_any_port(m.opt.host);
+    CM_CHECK(port > 0, "serve: cannot listen on {} (any port)", m.opt.host);
+  } else {
+    CM_CHECK(m.svr.bind_to_port(m.opt.host, port), "serve: cannot listen on {}:{} (in use, or a bad address?)",
+             m.opt.host, port);
   }
-  CM_CHECK(m.svr.bind_to_port(m.opt.host, m.opt.port), "serve: cannot listen on {}:{} (in use, or a bad address?)",
-           m.opt.host, m.opt.port);
-  return m.opt.port;
+  if (m.listen_fd >= 0) ::listen(m.listen_fd, SOMAXCONN);  // Linux: a second listen() resizes the backlog
+  return port;
 }
 
 void HttpServer::serve() { impl_->svr.listen_after_bind(); }
