@@ -67,7 +67,8 @@ Engine::Engine(ModelBackend& backend, const Tokenizer& tok, int64_t vocab, Engin
   CM_CHECK(opt_.ctx >= 2, "--ctx must be >= 2 (got {})", opt_.ctx);
   be_.reserve(CacheShape{opt_.max_seqs, opt_.max_step_tokens, opt_.ctx});
   slots_.resize(size_t(opt_.max_seqs));
-  logits_.resize(size_t(opt_.max_step_tokens) * size_t(vocab_));
+  // A step asks for at most one logits row per slot (its decode token or its prompt's last token).
+  logits_.resize(size_t(std::min(opt_.max_seqs, opt_.max_step_tokens)) * size_t(vocab_));
 }
 
 Engine::~Engine() { stop(); }
