@@ -6,6 +6,7 @@
 // a second signal exits at once.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -17,7 +18,8 @@
 #include "cli/engine_options.h"
 #include "common/error.h"
 #include "sampling/generation_config.h"
-#include "serve/dev_backend.h"
+#include "engine/backend.h"
+#include "model/observer.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
 #include "tokenizer/tokenizer.h"
@@ -28,7 +30,7 @@ struct Opts {
   cm::cli::EngineOptions eng;
   cm::serve::HttpOptions http;
   int32_t max_seqs = 8, max_step_tokens = 256;
-  int64_t ctx = 0;  // 0 = the model's max_position_embeddings
+  int64_t ctx = 0;  // 0 = the model's max_position_embeddings, at most 4096
   std::string device = "cpu";
 };
 
@@ -68,12 +70,19 @@ int run(Opts& o) {
 
   auto model = cm::cli::load_model(o.eng);
   const cm::Config& c = model->config;
-  if (o.ctx == 0) o.ctx = c.max_position_embeddings;
+  if (o.ctx == 0) o.ctx = std::min<int64_t>(c.max_position_embeddings, 4096);
   if (o.ctx < 2 || o.ctx > c.max_position_embeddings)
     cm::fail("--ctx must be in [2, {}] (the model's max_position_embeddings), got {}", c.max_position_embeddings, o.ctx);
   cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
-  if (o.device == "cuda") cm::fail("--device cuda: the CUDA model backend is not available in this build yet");
-  std::unique_ptr<cm::ModelBackend> backend = cm::serve::make_forward_backend(*model);
+  cm::LayerStatsObserver stats(stderr);
+  cm::BackendOptions bo;
+  bo.observer = o.eng.layer_stats ? &stats : nullptr;
+  bo.act_quant = o.eng.act_quant == "nvfp4" ? cm::ActQuant::NVFP4 : cm::ActQuant::NONE;
+  std::unique_ptr<cm::ModelBackend> backend =
+      cm::make_backend(*model, o.device == "cuda" ? cm::Device::CUDA : cm::Device::CPU, bo);
+  const cm::CacheShape shape{o.max_seqs, o.max_step_tokens, o.ctx};
+  std::fprintf(stderr, "clawmine serve: %.1f MiB of sequence state per slot, %d slots\n",
+               double(backend->bytes_per_slot(shape)) / (1 << 20), o.max_seqs);
 
   if (o.http.model_name.empty()) {
     std::filesystem::path p(o.eng.model);
@@ -132,7 +141,7 @@ cm::cli::CommandRegistrar reg(
        app.add_option("--max-seqs", o->max_seqs, "Sequences decoded together (slots)")->capture_default_str();
        app.add_option("--max-step-tokens", o->max_step_tokens, "Tokens per engine step (decode + prefill chunks)")
            ->capture_default_str();
-       app.add_option("--ctx", o->ctx, "Context per sequence (default: the model's max_position_embeddings)");
+       app.add_option("--ctx", o->ctx, "Context per sequence (default: the model's max_position_embeddings, at most 4096)");
        app.add_option("--device", o->device, "cpu or cuda")->capture_default_str();
        app.add_option("--threads-http", o->http.http_threads, "HTTP worker threads (each open stream holds one)")
            ->capture_default_str();
