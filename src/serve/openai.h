@@ -1,0 +1,71 @@
+// OpenAI response bodies for one request: the Responder turns the engine's JobEvents into either
+// SSE chunks (stream) or one JSON body (non-stream), for /v1/completions and
+// /v1/chat/completions. Pure (no network, no engine), so the chat streaming path — reasoning
+// apart from content, DSML tool calls, finish reasons, usage, logprobs — is unit-tested on
+// scripted model outputs.
+//
+// Streams follow OpenAI: chat chunks are "chat.completion.chunk" objects whose first delta
+// carries the role; reasoning arrives in delta.reasoning_content (vLLM / DeepSeek API field);
+// tool calls come in one delta with finish_reason "tool_calls"; with
+// stream_options.include_usage a last chunk has empty choices and the usage; then
+// "data: [DONE]". A generation error ends the stream with a data: {"error": ...} event.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "serve/chat_stream.h"
+#include "serve/engine.h"
+#include "serve/request.h"
+
+namespace cm::serve {
+
+struct ResponseMeta {
+  std::string id;     // "cmpl-…" / "chatcmpl-…"
+  int64_t created = 0;
+  std::string model;  // served model name
+};
+
+class Responder {
+ public:
+  Responder(const ApiRequest& req, ResponseMeta meta, const Tokenizer& tok);
+  // Streaming: the SSE text for this event (possibly empty); after Finish it ends with
+  // "data: [DONE]\n\n".
+  std::string stream(const JobEvent& e);
+  // Non-streaming: consume the event; once done(), body() is the response JSON (or, when
+  // failed(), the error's message is in error()).
+  void consume(const JobEvent& e);
+  bool done() const { return done_; }
+  bool failed() const { return !error_.empty(); }
+  const std::string& error() const { return error_; }
+  std::string body() const;
+  // The opening SSE chunk (chat: the assistant role), sent before any token.
+  std::string stream_start();
+  std::string finish_reason() const { return finish_reason_; }
+
+ private:
+  nlohmann::ordered_json chunk(nlohmann::ordered_json choice) const;
+  nlohmann::ordered_json usage() const;
+  nlohmann::ordered_json chat_logprobs(const std::vector<TokenOut>& toks) const;
+  void add_completion_logprobs(const std::vector<TokenOut>& toks, const std::string& text);
+  std::string finish_chat(const JobEvent& e, bool streaming);
+
+  const ApiRequest& req_;
+  ResponseMeta meta_;
+  const Tokenizer& tok_;
+  ChatStreamer chat_;
+  bool done_ = false;
+  std::string error_, finish_reason_;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
+  // Non-stream accumulation.
+  std::string text_;
+  nlohmann::ordered_json logprobs_;   // completions: {tokens, token_logprobs, top_logprobs, text_offset}
+  nlohmann::ordered_json chat_lp_;    // chat: [{token, logprob, bytes, top_logprobs}]
+  ChatStreamer::Final final_;
+};
+
+// "data: <json>\n\n"
+std::string sse(const nlohmann::ordered_json& j);
+
+}  // namespace cm::serve

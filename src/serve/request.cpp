@@ -1,0 +1,349 @@
+// Request parsing for the server (see request.h). Every check produces an ApiError naming the
+// field; internally a thrown Bad carries it up to the one catch in each public function, which
+// also turns any cm::Error (the chat encoder's, the tokenizer's) or std::exception into a 400.
+#include "serve/request.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "common/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace cm::serve {
+
+namespace {
+using Json = nlohmann::ordered_json;
+
+constexpr int kMaxDepth = 64;      // JSON nesting a request may have (the encoder recurses)
+constexpr size_t kMaxStops = 16;
+constexpr int kMaxLogprobs = 20;
+
+struct Bad {
+  ApiError e;
+};
+[[noreturn]] void bad(std::string param, std::string msg, int status = 400) {
+  throw Bad{ApiError{status, "invalid_request_error", std::move(msg), std::move(param)}};
+}
+
+// Deepest bracket nesting of a JSON text, outside strings (checked before parsing so no deeply
+// nested value ever reaches a recursive consumer).
+int json_depth(std::string_view s) {
+  int depth = 0, worst = 0;
+  bool in_str = false, esc = false;
+  for (char c : s) {
+    if (in_str) {
+      if (esc) esc = false;
+      else if (c == '\\') esc = true;
+      else if (c == '"') in_str = false;
+      continue;
+    }
+    if (c == '"') in_str = true;
+    else if (c == '[' || c == '{') worst = std::max(worst, ++depth);
+    else if (c == ']' || c == '}') --depth;
+  }
+  return worst;
+}
+
+Json parse_object(std::string_view body) {
+  if (json_depth(body) > kMaxDepth) bad("", fmt::format("request JSON is nested deeper than {} levels", kMaxDepth));
+  Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) bad("", "request body is not valid JSON");
+  if (!j.is_object()) bad("", "request body must be a JSON object");
+  return j;
+}
+
+bool has(const Json& j, const char* k) { return j.contains(k) && !j[k].is_null(); }
+
+double number(const Json& j, const char* k, double lo, double hi, bool lo_open = false) {
+  const Json& v = j[k];
+  if (!v.is_number()) bad(k, fmt::format("'{}' must be a number", k));
+  double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+    bad(k, fmt::format("'{}' must be in {}{}, {}] (got {})", k, lo_open ? "(" : "[", lo, hi, x));
+  return x;
+}
+
+int64_t integer(const Json& j, const char* k, int64_t lo, int64_t hi) {
+  const Json& v = j[k];
+  if (!v.is_number_integer()) bad(k, fmt::format("'{}' must be an integer", k));
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    bad(k, fmt::format("'{}' is out of range", k));
+  int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) bad(k, fmt::format("'{}' must be in [{}, {}] (got {})", k, lo, hi, x));
+  return x;
+}
+
+bool boolean(const Json& j, const char* k) {
+  if (!j[k].is_boolean()) bad(k, fmt::format("'{}' must be true or false", k));
+  return j[k].get<bool>();
+}
+
+std::string string(const Json& j, const char* k) {
+  if (!j[k].is_string()) bad(k, fmt::format("'{}' must be a string", k));
+  return j[k].get<std::string>();
+}
+
+void parse_sampling(const Json& j, const RequestDefaults& d, ApiRequest& r) {
+  SamplingParams& s = r.sampling;
+  s.temperature = d.temperature.value_or(1.0f);
+  s.top_p = d.top_p.value_or(1.0f);
+  s.top_k = d.top_k.value_or(0);
+  s.min_p = d.min_p.value_or(0.0f);
+  s.repetition_penalty = d.repetition_penalty.value_or(1.0f);
+  if (has(j, "temperature")) s.temperature = float(number(j, "temperature", 0, 2));
+  if (has(j, "top_p")) s.top_p = float(number(j, "top_p", 0, 1, true));
+  if (has(j, "top_k")) {
+    int64_t k = integer(j, "top_k", -1, std::numeric_limits<int32_t>::max());
+    s.top_k = k < 0 ? 0 : int(k);
+  }
+  if (has(j, "min_p")) s.min_p = float(number(j, "min_p", 0, 1));
+  if (has(j, "presence_penalty")) s.presence_penalty = float(number(j, "presence_penalty", -2, 2));
+  if (has(j, "frequency_penalty")) s.frequency_penalty = float(number(j, "frequency_penalty", -2, 2));
+  if (has(j, "repetition_penalty")) s.repetition_penalty = float(number(j, "repetition_penalty", 0, 1e6, true));
+  if (has(j, "seed")) {
+    const Json& v = j["seed"];
+    if (!v.is_number_integer()) bad("seed", "'seed' must be an integer");
+    s.seed = v.is_number_unsigned() ? v.get<uint64_t>() : uint64_t(v.get<int64_t>());
+    r.seed_given = true;
+  }
+  try {
+    validate_sampling_params(s);
+  } catch (const Error& e) {
+    bad("", e.what());
+  }
+}
+
+void parse_common(const Json& j, const RequestDefaults& d, ApiRequest& r) {
+  if (has(j, "model")) r.model = string(j, "model");
+  const char* mt = r.endpoint == Endpoint::Chat && has(j, "max_completion_tokens") ? "max_completion_tokens"
+                                                                                   : "max_tokens";
+  if (has(j, mt)) r.max_tokens = integer(j, mt, 1, std::numeric_limits<int32_t>::max());
+  parse_sampling(j, d, r);
+  if (has(j, "stop")) {
+    const Json& v = j["stop"];
+    if (v.is_string()) {
+      r.stop.push_back(v.get<std::string>());
+    } else if (v.is_array()) {
+      if (v.size() > kMaxStops) bad("stop", fmt::format("'stop' may hold at most {} strings", kMaxStops));
+      for (const Json& s : v) {
+        if (!s.is_string()) bad("stop", "'stop' must be a string or an array of strings");
+        r.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      bad("stop", "'stop' must be a string or an array of strings");
+    }
+  }
+  if (has(j, "n") && integer(j, "n", 1, 1) != 1) bad("n", "only n = 1 is supported");
+  if (has(j, "best_of") && integer(j, "best_of", 1, 1) != 1) bad("best_of", "only best_of = 1 is supported");
+  if (has(j, "stream")) r.stream = boolean(j, "stream");
+  if (has(j, "stream_options")) {
+    const Json& so = j["stream_options"];
+    if (!so.is_object()) bad("stream_options", "'stream_options' must be an object");
+    if (!r.stream) bad("stream_options", "'stream_options' is only allowed with stream: true");
+    if (has(so, "include_usage")) r.include_usage = boolean(so, "include_usage");
+  }
+  if (has(j, "ignore_eos")) r.ignore_eos = boolean(j, "ignore_eos");
+}
+
+void parse_completions(const Json& j, ApiRequest& r) {
+  if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
+  const Json& p = j["prompt"];
+  if (p.is_string()) {
+    r.prompt_text = p.get<std::string>();
+  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+    r.prompt_text = p[0].get<std::string>();
+  } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+    for (const Json& t : p) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max())
+        bad("prompt", "a token prompt must be an array of non-negative integer ids");
+      r.prompt_tokens.push_back(int32_t(t.get<int64_t>()));
+    }
+  } else {
+    bad("prompt", "'prompt' must be a string, an array of one string, or an array of token ids");
+  }
+  if (has(j, "logprobs")) r.logprobs = int(integer(j, "logprobs", 0, kMaxLogprobs));
+  if (has(j, "echo") && boolean(j, "echo")) bad("echo", "echo is not supported");
+  if (has(j, "suffix")) bad("suffix", "suffix is not supported");
+}
+
+void parse_chat(const Json& j, ApiRequest& r) {
+  if (!j.contains("messages")) bad("messages", "'messages' is required");
+  if (!j["messages"].is_array() || j["messages"].empty()) bad("messages", "'messages' must be a non-empty array");
+  for (const Json& m : j["messages"]) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      bad("messages", "every message must be an object with a string 'role'");
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
+      bad("messages", fmt::format("unknown message role '{}'", role));
+  }
+  r.messages = j["messages"];
+  std::string tool_choice = "auto";
+  if (has(j, "tool_choice")) {
+    if (!j["tool_choice"].is_string()) bad("tool_choice", "'tool_choice' must be \"auto\", \"none\" or \"required\"");
+    tool_choice = j["tool_choice"].get<std::string>();
+    if (tool_choice != "auto" && tool_choice != "none" && tool_choice != "required")
+      bad("tool_choice", "'tool_choice' must be \"auto\", \"none\" or \"required\"");
+  }
+  if (has(j, "tools")) {
+    const Json& t = j["tools"];
+    if (!t.is_array()) bad("tools", "'tools' must be an array");
+    for (const Json& f : t)
+      if (!f.is_object() || !f.contains("function") || !f["function"].is_object() || !f["function"].contains("name") ||
+          !f["function"]["name"].is_string())
+        bad("tools", "every tool must be {\"type\": \"function\", \"function\": {\"name\": ..., ...}}");
+    if (!t.empty() && tool_choice != "none") r.tools = t;
+  }
+  if (has(j, "response_format")) {
+    const Json& f = j["response_format"];
+    if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+      bad("response_format", "'response_format' must be an object with a 'type'");
+    if (f["type"] != "text") r.response_format = f;
+  }
+  std::optional<bool> thinking;
+  if (has(j, "chat_template_kwargs")) {
+    const Json& k = j["chat_template_kwargs"];
+    if (!k.is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    for (const char* key : {"thinking", "enable_thinking"})
+      if (has(k, key)) thinking = boolean(k, key);
+  }
+  if (has(j, "reasoning_effort")) {
+    std::string e = string(j, "reasoning_effort");
+    if (e == "low" || e == "medium" || e == "high") r.reasoning_effort = "high";
+    else if (e == "max") r.reasoning_effort = "max";
+    else bad("reasoning_effort", "'reasoning_effort' must be low, medium, high or max");
+    if (!thinking.has_value()) thinking = true;
+  }
+  r.mode = thinking.value_or(false) ? chat::Mode::Thinking : chat::Mode::Chat;
+  if (has(j, "logprobs") && boolean(j, "logprobs")) r.logprobs = 0;
+  if (has(j, "top_logprobs")) {
+    int n = int(integer(j, "top_logprobs", 0, kMaxLogprobs));
+    if (r.logprobs < 0) bad("top_logprobs", "'top_logprobs' needs logprobs: true");
+    r.logprobs = n;
+  }
+}
+
+ApiError internal_to_400(const std::exception& e) { return ApiError{400, "invalid_request_error", e.what(), ""}; }
+
+// The chat messages with the request's tools and response_format attached to the system message
+// (the DeepSeek-V4 encoding renders them there); a system message is added when there is none.
+Json chat_messages(const ApiRequest& r) {
+  Json msgs = r.messages;
+  if (r.tools.is_null() && r.response_format.is_null()) return msgs;
+  if (msgs.empty() || !msgs[0].is_object() || msgs[0].value("role", "") != "system")
+    msgs.insert(msgs.begin(), Json{{"role", "system"}, {"content", ""}});
+  if (!r.tools.is_null()) msgs[0]["tools"] = r.tools;
+  if (!r.response_format.is_null()) msgs[0]["response_format"] = r.response_format;
+  return msgs;
+}
+}  // namespace
+
+ParseResult parse_request(std::string_view body, Endpoint ep, const RequestDefaults& defaults) {
+  ParseResult out;
+  try {
+    Json j = parse_object(body);
+    ApiRequest r;
+    r.endpoint = ep;
+    parse_common(j, defaults, r);
+    if (ep == Endpoint::Chat) parse_chat(j, r);
+    else parse_completions(j, r);
+    out.request = std::move(r);
+  } catch (const Bad& b) {
+    out.error = b.e;
+  } catch (const std::exception& e) {
+    out.error = internal_to_400(e);
+  }
+  return out;
+}
+
+PromptResult build_prompt(const ApiRequest& r, const Tokenizer& tok, int64_t ctx, const RequestDefaults& d) {
+  PromptResult out;
+  try {
+    Prompt p;
+    if (r.endpoint == Endpoint::Chat) {
+      chat::ChatOptions co;
+      co.mode = r.mode;
+      co.reasoning_effort = r.reasoning_effort;
+      try {
+        p.tokens = tok.encode(chat::encode_messages(chat_messages(r), co));
+      } catch (const Error& e) {
+        bad("messages", e.what());
+      }
+    } else if (r.prompt_text) {
+      p.tokens = tok.encode(*r.prompt_text);
+    } else {
+      p.tokens = r.prompt_tokens;
+      for (int32_t t : p.tokens)
+        if (t >= tok.vocab_size()) bad("prompt", fmt::format("token id {} is outside the vocabulary of {}", t, tok.vocab_size()));
+    }
+    if (p.tokens.empty()) bad("prompt", "the prompt encodes to no tokens");
+    const int64_t n = int64_t(p.tokens.size());
+    if (n >= ctx) bad("prompt", fmt::format("the prompt has {} tokens; the context holds {}", n, ctx));
+    if (r.max_tokens) {
+      p.max_tokens = *r.max_tokens;
+      if (n + p.max_tokens > ctx)
+        bad("max_tokens", fmt::format("prompt ({} tokens) plus max_tokens ({}) exceeds the context of {} tokens", n,
+                                      p.max_tokens, ctx));
+    } else {
+      p.max_tokens = r.endpoint == Endpoint::Chat ? ctx - n : std::min(d.completions_max_tokens, ctx - n);
+    }
+    out.prompt = std::move(p);
+  } catch (const Bad& b) {
+    out.error = b.e;
+  } catch (const std::exception& e) {
+    out.error = internal_to_400(e);
+  }
+  return out;
+}
+
+TokenizeParse parse_tokenize(std::string_view body) {
+  TokenizeParse out;
+  try {
+    Json j = parse_object(body);
+    TokenizeRequest r;
+    for (const char* k : {"prompt", "content"})
+      if (has(j, k)) r.text = string(j, k);
+    if (has(j, "messages")) {
+      if (!j["messages"].is_array()) bad("messages", "'messages' must be an array");
+      r.messages = j["messages"];
+    }
+    if (!r.text && r.messages.is_null()) bad("prompt", "'prompt' (or 'messages') is required");
+    if (has(j, "add_special_tokens")) r.add_special = boolean(j, "add_special_tokens");
+    out.request = std::move(r);
+  } catch (const Bad& b) {
+    out.error = b.e;
+  } catch (const std::exception& e) {
+    out.error = internal_to_400(e);
+  }
+  return out;
+}
+
+DetokenizeParse parse_detokenize(std::string_view body, int64_t vocab) {
+  DetokenizeParse out;
+  try {
+    Json j = parse_object(body);
+    if (!has(j, "tokens") || !j["tokens"].is_array()) bad("tokens", "'tokens' must be an array of token ids");
+    for (const Json& t : j["tokens"]) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab)
+        bad("tokens", fmt::format("every token must be an integer id in [0, {})", vocab));
+      out.tokens.push_back(int32_t(t.get<int64_t>()));
+    }
+  } catch (const Bad& b) {
+    out.error = b.e;
+  } catch (const std::exception& e) {
+    out.error = internal_to_400(e);
+  }
+  return out;
+}
+
+std::string error_json(const ApiError& e) {
+  Json j = {{"error",
+             {{"message", e.message},
+              {"type", e.type},
+              {"param", e.param.empty() ? Json() : Json(e.param)},
+              {"code", e.status}}}};
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+}  // namespace cm::serve

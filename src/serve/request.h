@@ -1,0 +1,118 @@
+// OpenAI-style request parsing and validation for `clawmine serve`, as pure functions: a request
+// body (bytes from the network) becomes a plain struct or an ApiError, never an exception and
+// never a crash, whatever the bytes are. The HTTP layer calls these and nothing else touches the
+// client's input, so a fuzzer can drive exactly what a client can (parse_request, then
+// build_prompt with a tokenizer).
+//
+// Accepted fields (unknown fields are ignored, as OpenAI and vLLM do):
+//   both:  model, max_tokens (chat also max_completion_tokens), temperature [0,2], top_p (0,1],
+//          top_k (-1/0 = off), min_p [0,1], presence_penalty / frequency_penalty [-2,2],
+//          repetition_penalty (0,∞), seed, stop (string or array of up to 16 strings), stream,
+//          stream_options.include_usage, n (only 1), ignore_eos (vLLM extension)
+//   /v1/completions: prompt (string, [string] of one, or [token ids]), logprobs (int 0..20),
+//          echo (false only)
+//   /v1/chat/completions: messages (DeepSeek-V4 chat encoding), tools, tool_choice
+//          ("auto"|"none"|"required"), logprobs (bool), top_logprobs (0..20),
+//          chat_template_kwargs {"thinking": bool}, reasoning_effort (low|medium|high|max; turns
+//          thinking on unless chat_template_kwargs.thinking is false), response_format
+// Sampling fields that are absent take the model's generation_config.json values, then OpenAI's
+// defaults (temperature 1).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chat/dsv4.h"
+#include "sampling/sampler.h"
+
+namespace cm {
+class Tokenizer;
+}
+
+namespace cm::serve {
+
+// An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string message;
+  std::string param;  // the offending field ("" if none)
+};
+
+enum class Endpoint { Completions, Chat };
+
+// Defaults a request falls back on (from the model's generation_config.json).
+struct RequestDefaults {
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int> top_k;
+  int64_t completions_max_tokens = 16;  // OpenAI's default for /v1/completions
+};
+
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::Completions;
+  std::string model;  // "" when not given
+  // /v1/completions: text or token ids.
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_tokens;
+  // /v1/chat/completions
+  nlohmann::ordered_json messages;  // validated by the encoder in build_prompt
+  nlohmann::ordered_json tools;     // null when none (or tool_choice "none")
+  nlohmann::ordered_json response_format;
+  chat::Mode mode = chat::Mode::Chat;
+  std::string reasoning_effort;     // "", "high" or "max" (DeepSeek-V4's two levels)
+
+  std::optional<int64_t> max_tokens;
+  SamplingParams sampling;
+  bool seed_given = false;
+  std::vector<std::string> stop;
+  bool stream = false, include_usage = false, ignore_eos = false;
+  int logprobs = -1;  // -1: off; else how many top alternatives per token (0..20)
+};
+
+struct ParseResult {
+  std::optional<ApiRequest> request;
+  std::optional<ApiError> error;
+};
+
+// Body (JSON text) -> request or error. Never throws.
+ParseResult parse_request(std::string_view body, Endpoint ep, const RequestDefaults& defaults);
+
+// The prompt's token ids and the generation budget, checked against the context.
+struct Prompt {
+  std::vector<int32_t> tokens;
+  int64_t max_tokens = 0;
+};
+struct PromptResult {
+  std::optional<Prompt> prompt;
+  std::optional<ApiError> error;
+};
+// Encodes the prompt (chat: DeepSeek-V4 chat encoding) and checks prompt + max_tokens against
+// ctx. A missing max_tokens is completions_max_tokens (completions) or the rest of the context
+// (chat). Never throws.
+PromptResult build_prompt(const ApiRequest& r, const Tokenizer& tok, int64_t ctx, const RequestDefaults& d);
+
+// /tokenize and /detokenize bodies (vLLM shapes; llama-server's "content" is accepted too).
+struct TokenizeRequest {
+  std::optional<std::string> text;           // "prompt" or "content"
+  nlohmann::ordered_json messages;            // or chat messages (encoded like a chat request)
+  bool add_special = false;                   // "add_special_tokens"
+};
+struct TokenizeParse {
+  std::optional<TokenizeRequest> request;
+  std::optional<ApiError> error;
+};
+TokenizeParse parse_tokenize(std::string_view body);
+struct DetokenizeParse {
+  std::vector<int32_t> tokens;
+  std::optional<ApiError> error;
+};
+DetokenizeParse parse_detokenize(std::string_view body, int64_t vocab);
+
+// {"error": {...}} text of an ApiError.
+std::string error_json(const ApiError& e);
+
+}  // namespace cm::serve

@@ -1,0 +1,365 @@
+"""`clawmine serve` end to end on the default model, through the official `openai` client (and raw
+HTTP for what a client library would not send): completions and chat, plain and streamed, usage,
+stop strings, greedy determinism alone vs 32 concurrent, equality with `clawmine generate`,
+abandoned streams, auth, malformed requests, metrics, tokenize, SIGTERM draining, and a
+200-stream load test with random disconnects (tools/load_test.py --check).
+
+Run: CLAWMINE_BIN=build/clawmine CLAWMINE_MODEL=models/default python -m pytest -q tests/server_test.py
+"""
+import asyncio
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+
+BIN = os.environ.get("CLAWMINE_BIN", "build/clawmine")
+MODEL = os.environ.get("CLAWMINE_MODEL", "models/default")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPT = "The history of tea"
+
+
+class Server:
+    """A `clawmine serve --port 0` process; the port is read from its startup line."""
+
+    def __init__(self, *extra):
+        self.proc = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", "0", "-t", "2", *extra],
+                                     stderr=subprocess.PIPE, text=True)
+        self.lines = []
+        self.port = None
+        ready = threading.Event()
+
+        def pump():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                m = re.search(r"on http://[^:]+:(\d+)", line)
+                if m and not ready.is_set():
+                    self.port = int(m.group(1))
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        assert ready.wait(60), "server did not start"
+        assert self.port, "server exited: " + "".join(self.lines)
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def client(self, key="none"):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def aclient(self, key="none"):
+        return openai.AsyncOpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0, timeout=300)
+
+    def raw(self, method, path, body=None, headers=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, data
+
+    def metric(self, name):
+        _, text = self.raw("GET", "/metrics")
+        m = re.search(r"^clawmine:%s\{[^}]*\} (\S+)$" % re.escape(name), text.decode(), re.M)
+        return float(m.group(1)) if m else None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = Server("--max-seqs", "8", "--max-step-tokens", "64", "--ctx", "1024")
+    yield s
+    s.stop()
+
+
+def model_name(srv):
+    return srv.client().models.list().data[0].id
+
+
+def test_health_and_models(srv):
+    assert srv.raw("GET", "/health")[0] == 200
+    models = srv.client().models.list().data
+    assert [m.id for m in models] == ["default"]
+
+
+def test_completion_plain_stream_and_usage(srv):
+    c = srv.client()
+    r = c.completions.create(model="default", prompt=PROMPT, max_tokens=8, temperature=0)
+    n_prompt = json.loads(srv.raw("POST", "/tokenize", json.dumps({"prompt": PROMPT}))[1])["count"]
+    assert r.usage.prompt_tokens == n_prompt
+    assert 1 <= r.usage.completion_tokens <= 8
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.choices[0].finish_reason in ("stop", "length")
+    text, usage, finish = "", None, None
+    for ch in c.completions.create(model="default", prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
+                                   stream_options={"include_usage": True}):
+        if ch.usage:
+            usage = ch.usage
+        for choice in ch.choices:
+            text += choice.text
+            finish = choice.finish_reason or finish
+    assert text == r.choices[0].text
+    assert finish == r.choices[0].finish_reason
+    assert usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_chat_plain_and_stream(srv):
+    c = srv.client()
+    msgs = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a colour."}]
+    r = c.chat.completions.create(model="default", messages=msgs, max_tokens=10, temperature=0)
+    m = r.choices[0].message
+    assert m.role == "assistant" and isinstance(m.content, str)
+    assert r.usage.completion_tokens >= 1
+    content, roles = "", []
+    for ch in c.chat.completions.create(model="default", messages=msgs, max_tokens=10, temperature=0, stream=True):
+        for choice in ch.choices:
+            if choice.delta.role:
+                roles.append(choice.delta.role)
+            content += choice.delta.content or ""
+    assert roles == ["assistant"]
+    assert content == m.content
+    for mark in ("<think>", "</think>", "DSML", "<｜"):
+        assert mark not in content
+
+
+def test_chat_thinking_keeps_reasoning_apart(srv):
+    c = srv.client()
+    msgs = [{"role": "user", "content": "Why is the sky blue?"}]
+    r = c.chat.completions.create(model="default", messages=msgs, max_tokens=24, temperature=0,
+                                  extra_body={"chat_template_kwargs": {"thinking": True}})
+    m = r.choices[0].message
+    reasoning = m.model_extra.get("reasoning_content")
+    assert isinstance(reasoning, str)
+    streamed_r, streamed_c = "", ""
+    for ch in c.chat.completions.create(model="default", messages=msgs, max_tokens=24, temperature=0, stream=True,
+                                        reasoning_effort="high"):
+        for choice in ch.choices:
+            streamed_r += (choice.delta.model_extra or {}).get("reasoning_content") or ""
+            streamed_c += choice.delta.content or ""
+    assert streamed_r == reasoning and streamed_c == (m.content or "")
+    for mark in ("<think>", "</think>", "DSML"):
+        assert mark not in streamed_c and mark not in streamed_r
+
+
+def test_chat_accepts_tool_results(srv):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                                "parameters": {"type": "object",
+                                                               "properties": {"city": {"type": "string"}}}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    r = srv.client().chat.completions.create(model="default", messages=msgs, tools=tools, max_tokens=6,
+                                             temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    prompt = json.loads(srv.raw("POST", "/tokenize", json.dumps({"messages": msgs}))[1])
+    assert prompt["count"] > 10
+
+
+def test_stop_strings(srv):
+    c = srv.client()
+    full = c.completions.create(model="default", prompt=PROMPT, max_tokens=16, temperature=0,
+                                extra_body={"ignore_eos": True}).choices[0].text
+    assert len(full) > 8
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    r = c.completions.create(model="default", prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop],
+                             extra_body={"ignore_eos": True})
+    assert r.choices[0].text == full[:full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_greedy_equals_generate(srv):
+    n = 12
+    out = subprocess.run([BIN, "generate", "-m", MODEL, "-p", PROMPT, "-n", str(n), "--temp", "0", "-t", "2"],
+                         capture_output=True, text=True, check=True).stdout
+    r = srv.client().completions.create(model="default", prompt=PROMPT, max_tokens=n, temperature=0)
+    assert out == PROMPT + r.choices[0].text + "\n"
+
+
+def test_logprobs(srv):
+    c = srv.client()
+    r = c.completions.create(model="default", prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2,
+                             extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.token_logprobs) == 5 and len(lp.top_logprobs) == 5
+    for tok_lp, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert tok_lp <= 0 and len(top) == 2
+        assert abs(max(top.values()) - tok_lp) < 1e-5  # greedy picks the most likely token
+    r = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                  temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 3 for t in content)
+
+
+def test_greedy_and_seeded_alone_equal_32_concurrent(srv):
+    prompts = [f"{PROMPT} number {i} is" for i in range(32)]
+    c = srv.client()
+
+    def args(i):
+        return dict(model="default", prompt=prompts[i], max_tokens=6, extra_body={"ignore_eos": True},
+                    temperature=0 if i % 2 == 0 else 0.9, seed=1000 + i)
+
+    alone = [c.completions.create(**args(i)).choices[0].text for i in range(32)]
+
+    async def together():
+        ac = srv.aclient()
+        rs = await asyncio.gather(*(ac.completions.create(**args(i)) for i in range(32)))
+        return [r.choices[0].text for r in rs]
+
+    assert asyncio.run(together()) == alone
+    assert len(set(alone)) > 16
+
+
+def test_abandoned_streams_free_their_slots(srv):
+    cancelled0 = srv.metric('request_success_total') or 0  # first series is finished_reason="stop"
+    socks = []
+    for i in range(6):
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        body = json.dumps({"prompt": f"{PROMPT} {i}", "max_tokens": 400, "stream": True, "ignore_eos": True,
+                           "temperature": 0})
+        s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        assert b"data: " in s.recv(4096) + s.recv(4096)
+        socks.append(s)
+    assert srv.metric("num_requests_running") >= 1
+    for s in socks:
+        s.close()
+    deadline = time.time() + 20
+    while time.time() < deadline and srv.metric("num_requests_running") != 0:
+        time.sleep(0.1)
+    assert srv.metric("num_requests_running") == 0
+    assert srv.metric("num_requests_waiting") == 0
+    _, text = srv.raw("GET", "/metrics")
+    n = float(re.search(r'finished_reason="cancelled"\} (\S+)', text.decode()).group(1))
+    assert n >= 6
+    assert srv.raw("GET", "/health")[0] == 200
+    del cancelled0
+
+
+def test_malformed_requests_then_healthy(srv):
+    def err(status, path, body, method="POST", headers=None):
+        st, data = srv.raw(method, path, body, headers)
+        assert st == status, (path, body, st, data)
+        e = json.loads(data)["error"]
+        assert e["message"] and e["code"] == status
+        return e
+
+    err(400, "/v1/completions", "{not json")
+    err(400, "/v1/completions", "[]")
+    assert err(400, "/v1/completions", json.dumps({"max_tokens": 3}))["param"] == "prompt"
+    assert err(400, "/v1/completions", json.dumps({"prompt": "x", "temperature": 9}))["param"] == "temperature"
+    assert err(400, "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 100000}))["param"] == "max_tokens"
+    assert err(400, "/v1/completions", json.dumps({"prompt": "x " * 1200}))["param"] == "prompt"
+    err(400, "/v1/chat/completions", json.dumps({"messages": "hi"}))
+    err(400, "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}], "top_p": -1}))
+    err(400, "/v1/chat/completions", json.dumps({"messages": [{"role": "tool", "content": 5}]}))
+    err(400, "/v1/completions", "{\"prompt\": \"\xff\xfe\"}")
+    err(400, "/v1/completions", "{\"prompt\": " + "[" * 10000 + "]" * 10000 + "}")
+    assert err(404, "/v1/completions", json.dumps({"model": "gpt-4", "prompt": "x"}))["param"] == "model"
+    err(404, "/v1/nothing", "{}")
+    err(413, "/v1/completions", "x" * (5 << 20))
+    err(400, "/detokenize", json.dumps({"tokens": [-1]}))
+    with pytest.raises(openai.BadRequestError):
+        srv.client().completions.create(model="default", prompt="x", max_tokens=2, n=3)
+    # Garbage on the wire, and a client that sends half a request and leaves.
+    for junk in (b"\x00\x01\x02garbage\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"pro"):
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(junk)
+        s.close()
+    assert srv.raw("GET", "/health")[0] == 200
+    r = srv.client().completions.create(model="default", prompt=PROMPT, max_tokens=3, temperature=0)
+    assert r.usage.completion_tokens >= 1
+
+
+def test_tokenize_detokenize(srv):
+    st, data = srv.raw("POST", "/tokenize", json.dumps({"prompt": "Hello world"}))
+    toks = json.loads(data)["tokens"]
+    assert st == 200 and len(toks) >= 2
+    st, data = srv.raw("POST", "/detokenize", json.dumps({"tokens": toks}))
+    assert json.loads(data)["prompt"] == "Hello world"
+
+
+def test_metrics(srv):
+    srv.client().completions.create(model="default", prompt=PROMPT, max_tokens=2, temperature=0)
+    _, text = srv.raw("GET", "/metrics")
+    text = text.decode()
+    for name in ("num_requests_running", "num_requests_waiting", "prompt_tokens_total", "generation_tokens_total",
+                 "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
+                 "prefix_cache_hits_total", "prefix_cache_queries_total", "e2e_request_latency_seconds_count"):
+        assert re.search(r"^clawmine:%s\{" % name, text, re.M), name
+    assert srv.metric("generation_tokens_total") > 0
+    assert srv.metric("prompt_tokens_total") > 0
+
+
+def test_prefix_reuse_counts_hits(srv):
+    c = srv.client()
+    msgs = [{"role": "user", "content": "Tell me about rivers and mountains in detail."}]
+    hits0 = srv.metric("prefix_cache_hits_total")
+    r1 = c.chat.completions.create(model="default", messages=msgs, max_tokens=6, temperature=0)
+    msgs += [{"role": "assistant", "content": r1.choices[0].message.content or ""},
+             {"role": "user", "content": "And about lakes?"}]
+    r2 = c.chat.completions.create(model="default", messages=msgs, max_tokens=4, temperature=0)
+    assert r2.usage.prompt_tokens_details.cached_tokens > 0
+    assert srv.metric("prefix_cache_hits_total") > hits0
+
+
+def test_auth():
+    s = Server("--api-key", "sekret", "--max-seqs", "2")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            s.client("wrong").models.list()
+        assert s.raw("POST", "/v1/completions", json.dumps({"prompt": "x"}))[0] == 401
+        assert s.raw("POST", "/tokenize", json.dumps({"prompt": "x"}))[0] == 401
+        assert s.client("sekret").completions.create(model="default", prompt="x", max_tokens=1).usage
+        assert s.raw("GET", "/health")[0] == 200
+    finally:
+        s.stop()
+
+
+def test_sigterm_drains():
+    s = Server("--max-seqs", "2")
+    got = []
+
+    def stream():
+        for ch in s.client().completions.create(model="default", prompt=PROMPT, max_tokens=40, temperature=0,
+                                                stream=True, extra_body={"ignore_eos": True},
+                                                stream_options={"include_usage": True}):
+            if ch.usage:
+                got.append(ch.usage.completion_tokens)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(0.3)
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(60)
+    assert got == [40]  # the running request finished in full
+    assert s.proc.wait(30) == 0
+    assert any("draining" in l for l in s.lines)
+
+
+def test_load_200_streams_with_disconnects(srv):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "load_test.py"), "--base-url", srv.base + "/v1",
+                        "--n", "200", "--concurrency", "200", "--max-tokens", "6", "--disconnect", "0.25",
+                        "--check", "--json"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    print("load test:", summary)
+    assert summary["errors"] == 0 and summary["problems"] == 0
+    assert summary["finished"] + summary["abandoned"] == 200
