@@ -213,28 +213,6 @@ TEST(BadInput, TokensOutOfRangeAndTooLong) {
             std::string::npos);
 }
 
-// A weight that overflows fp32 mid-model: the step fails naming the first
-// intermediate that went non-finite (layer and slot), not just "NaN logits".
-TEST(BadInput, NonFiniteStepNamesFirstIntermediate) {
-  json j = fixture_config();
-  std::string d = mutated_checkpoint("overflow", [](std::vector<TensorData>& ts) {
-    for (auto& t : ts)
-      if (t.name == "model.layers.1.attn.q_norm.weight") {
-        ASSERT_EQ(t.dtype, DType::F32);
-        for (size_t i = 0; i + 4 <= t.bytes.size(); i += 4) {
-          const float big = 3e38f;
-          std::memcpy(t.bytes.data() + i, &big, 4);
-        }
-      }
-  }, &j);
-  auto m = model_load(d);
-  auto be = test::reserved_backend(*m, Device::CPU, 1, 8, 16);
-  std::vector<int32_t> toks = {3, 5, 7, 9};
-  const std::string msg = error_of([&] { test::feed_chunks(*be, 0, toks.data(), 4, 0, m->config.vocab_size); });
-  EXPECT_NE(msg.find("non-finite logits"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("l1.s0.q"), std::string::npos) << msg;
-}
-
 // Wrong-typed values name the file, the key and both types (never a bare json exception),
 // and untrusted values are never printed whole.
 TEST(BadConfig, WrongTypesAreNamed) {
@@ -371,4 +349,26 @@ TEST(BadCheckpoint, NonFiniteLinearWeightIsNamed) {
   e = error_of([&] { model_load(d); });
   EXPECT_NE(e.find("'embed.weight' holds 1 non-finite"), std::string::npos) << e;
   EXPECT_NE(e.find("'layers.0.ffn.experts.1.w2.weight' holds 1 non-finite"), std::string::npos) << e;
+}
+
+// A weight that overflows fp32 mid-model: the step fails naming the first
+// intermediate that went non-finite (layer and slot), not just "NaN logits".
+TEST(BadInput, NonFiniteStepNamesFirstIntermediate) {
+  json j = fixture_config();
+  std::string d = mutated_checkpoint("overflow", [](std::vector<TensorData>& ts) {
+    for (auto& t : ts)
+      if (t.name == "model.layers.1.attn.q_norm.weight") {
+        ASSERT_EQ(t.dtype, DType::F32);
+        for (size_t i = 0; i + 4 <= t.bytes.size(); i += 4) {
+          const float big = 3e38f;
+          std::memcpy(t.bytes.data() + i, &big, 4);
+        }
+      }
+  }, &j);
+  auto m = model_load(d);
+  auto be = test::reserved_backend(*m, Device::CPU, 1, 8, 16);
+  std::vector<int32_t> toks = {3, 5, 7, 9};
+  const std::string msg = error_of([&] { test::feed_chunks(*be, 0, toks.data(), 4, 0, m->config.vocab_size); });
+  EXPECT_NE(msg.find("non-finite logits"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("l1.s0.q"), std::string::npos) << msg;
 }

@@ -261,6 +261,48 @@ struct HeaderParser : nlohmann::json_sax<json> {
 
 }  // namespace
 
+SafetensorsContents parse_safetensors(const uint8_t* base, size_t size, const std::string& path) {
+  if (size < 8) fail("{}: truncated safetensors file ({} bytes, no header length)", path, size);
+  SafetensorsContents out;
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(base[i]) << (8 * i);
+  if (n > kMaxHeader) fail("{}: header length {} is over the 100 MB limit", path, n);
+  if (n > size - 8) fail("{}: header length {} runs past the end of the file ({} bytes)", path, n, size);
+  const uint8_t* data = base + 8 + n;
+  HeaderParser h(path, data, size - 8 - n, out.tensors, out.metadata);
+  json::sax_parse(base + 8, base + 8 + n, &h);
+  std::vector<std::pair<uint64_t, uint64_t>>& ranges = h.ranges;
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) {
+      std::string a, b2;
+      for (auto& [nm, t] : out.tensors) {
+        uint64_t o = uint64_t(t.data - data);
+        if (o == ranges[i - 1].first && a.empty()) a = nm;
+        else if (o == ranges[i].first) b2 = nm;
+      }
+      fail("{}: tensors '{}' and '{}' overlap in the data buffer", path, show(a), show(b2));
+    }
+  }
+  return out;
+}
+
+std::map<std::string, std::vector<std::string>> parse_safetensors_index(std::string_view text,
+                                                                        const std::string& source) {
+  json j = parse_json(text, source);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    fail("{}: missing the weight_map object", source);
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) fail("{}: weight_map entry '{}' is not a file name", source, show(it.key()));
+    std::string file = it.value().get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+      fail("{}: weight_map entry '{}' names a path outside the directory: '{}'", source, show(it.key()), show(file));
+    by_file[file].push_back(it.key());
+  }
+  return by_file;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   // O_NONBLOCK: a FIFO given as a checkpoint file must not wait for a writer.
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
@@ -276,28 +318,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   map_ = m;
   map_size_ = size;
   try {
-    const uint8_t* base = static_cast<const uint8_t*>(m);
-    uint64_t n = 0;
-    for (int i = 0; i < 8; ++i) n |= uint64_t(base[i]) << (8 * i);
-    if (n > kMaxHeader) fail("{}: header length {} is over the 100 MB limit", path, n);
-    if (n > size - 8)
-      fail("{}: header length {} runs past the end of the file ({} bytes)", path, n, size);
-    const uint8_t* data = base + 8 + n;
-    HeaderParser h(path, data, size - 8 - n, tensors_, metadata_);
-    json::sax_parse(base + 8, base + 8 + n, &h);
-    std::vector<std::pair<uint64_t, uint64_t>>& ranges = h.ranges;
-    std::sort(ranges.begin(), ranges.end());
-    for (size_t i = 1; i < ranges.size(); ++i) {
-      if (ranges[i].first < ranges[i - 1].second) {
-        std::string a, b2;
-        for (auto& [nm, t] : tensors_) {
-          uint64_t o = uint64_t(t.data - data);
-          if (o == ranges[i - 1].first && a.empty()) a = nm;
-          else if (o == ranges[i].first) b2 = nm;
-        }
-        fail("{}: tensors '{}' and '{}' overlap in the data buffer", path, show(a), show(b2));
-      }
-    }
+    SafetensorsContents c = parse_safetensors(static_cast<const uint8_t*>(m), size, path);
+    tensors_ = std::move(c.tensors);
+    metadata_ = std::move(c.metadata);
   } catch (...) {
     ::munmap(map_, map_size_);
     map_ = nullptr;
@@ -327,18 +350,8 @@ TensorStore TensorStore::open_dir(const std::string& dir) {
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   TensorStore s;
   if (fs::exists(index)) {
-    json j = read_json_file(index.string());
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      fail("{}: missing the weight_map object", index.string());
-    std::map<std::string, std::vector<std::string>> by_file;
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) fail("{}: weight_map entry '{}' is not a file name", index.string(), show(it.key()));
-      std::string file = it.value().get<std::string>();
-      if (file.find('/') != std::string::npos || file == "..")
-        fail("{}: weight_map entry '{}' names a path outside the directory: '{}'", index.string(),
-             show(it.key()), show(file));
-      by_file[file].push_back(it.key());
-    }
+    const std::map<std::string, std::vector<std::string>> by_file =
+        parse_safetensors_index(read_regular_file(index.string(), kMaxConfigBytes), index.string());
     for (auto& [file, names] : by_file) {
       fs::path p = fs::path(dir) / file;
       if (!fs::exists(p)) fail("{}: shard '{}' named by the index does not exist", index.string(), p.string());

@@ -269,9 +269,13 @@ Config config_from_json(const json& j, const std::string& src) {
   return c;
 }
 
+Config config_parse(std::string_view text, const std::string& source) {
+  return config_from_json(parse_json(text, source), source);
+}
+
 Config config_load(const std::string& dir) {
   std::filesystem::path p = std::filesystem::path(dir) / "config.json";
-  return config_from_json(read_json_file(p.string()), p.string());
+  return config_parse(read_regular_file(p.string(), kMaxConfigBytes), p.string());
 }
 
 std::vector<float> rope_frequencies(const RopeConfig& r, int64_t rope_dim) {

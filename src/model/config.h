@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace cm {
@@ -78,6 +79,9 @@ struct Config {
 };
 
 Config config_from_json(const nlohmann::json& j, const std::string& source = "config.json");
+// config.json text -> Config (depth-limited JSON parse, then config_from_json);
+// config_load reads the file (type-checked, bounded) and calls this.
+Config config_parse(std::string_view text, const std::string& source = "config.json");
 Config config_load(const std::string& model_dir);  // reads DIR/config.json
 
 // Per-pair RoPE frequencies f_i, i < rope_dim/2 (spec §2, YaRN when enabled).
