@@ -110,6 +110,16 @@ std::unique_ptr<Model> load_model(EngineOptions& o) {
   if (tty) {
     std::fprintf(stderr, "loading %s: mapping and validating every tensor...", o.model.c_str());
     std::fflush(stderr);
+    // A 160 GB checkpoint takes a while: show the linears validated so far,
+    // at most ~10 times a second.
+    lo.linear.on_validated = [dir = o.model, last = std::chrono::steady_clock::time_point{}](size_t done,
+                                                                                             size_t total) mutable {
+      auto now = std::chrono::steady_clock::now();
+      if (done != total && now - last < std::chrono::milliseconds(100)) return;
+      last = now;
+      std::fprintf(stderr, "\rloading %s: %zu/%zu linears validated", dir.c_str(), done, total);
+      std::fflush(stderr);
+    };
   }
   auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<Model> m;

@@ -12,6 +12,7 @@
 // full scan of every scale value is validate_checkpoint's job (validate.h).
 #pragma once
 #include <optional>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct LinearLoadOptions {
   // the same projection kind's input_scale over the layer's other experts
   // (w1/w3 share one, w2 its own) instead of failing (--derive-input-scale).
   bool allow_missing_input_scale = false;
+  // Called by validate_checkpoint as linears are checked (done of total, one
+  // call at a time, from any thread): the CLI's loading progress on a terminal.
+  std::function<void(size_t done, size_t total)> on_validated;
 };
 
 // prefix: the module name without ".weight", e.g. "model.layers.3.attn.wq_a".

@@ -52,9 +52,15 @@ std::vector<std::string> validate_checkpoint(const TensorStore& store, const Lin
   // The scans read every scale byte (and FP8 weight byte) of the checkpoint:
   // spread the linears over threads, report in name order.
   std::vector<std::vector<std::string>> found(prefixes.size());
+  size_t done = 0;
 #pragma omp parallel for schedule(dynamic, 8)
-  for (int64_t i = 0; i < int64_t(prefixes.size()); ++i)
+  for (int64_t i = 0; i < int64_t(prefixes.size()); ++i) {
     found[size_t(i)] = linear_problems(store, prefixes[size_t(i)], -1, -1, opt, true);
+    if (opt.on_validated) {
+#pragma omp critical(cm_validate_progress)
+      opt.on_validated(++done, prefixes.size());
+    }
+  }
   for (const auto& f : found) out.insert(out.end(), f.begin(), f.end());
   return out;
 }
