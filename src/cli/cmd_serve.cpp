@@ -89,6 +89,7 @@ int run(Opts& o) {
     o.http.model_name = (p.has_filename() ? p.filename() : p.parent_path().filename()).string();
   }
   o.http.ctx = o.ctx;
+  o.http.vocab = c.vocab_size;
   cm::serve::EngineOptions eo;
   eo.max_seqs = o.max_seqs;
   eo.max_step_tokens = o.max_step_tokens;

@@ -109,6 +109,10 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
                                                          r.model, opt.model_name), "model"});
   PromptResult pp = build_prompt(r, tok, opt.ctx, defaults);
   if (pp.error) return fail_with(*pp.error);
+  for (int32_t t : pp.prompt->tokens)
+    if (opt.vocab > 0 && t >= opt.vocab)
+      return fail_with({400, "invalid_request_error",
+                        fmt::format("token id {} is outside the model's vocabulary of {}", t, opt.vocab), "prompt"});
 
   JobSpec spec;
   spec.id = id;
