@@ -335,21 +335,26 @@ def test_auth():
 
 def test_sigterm_drains():
     s = Server("--max-seqs", "2")
-    got = []
+    got, started = [], threading.Event()
 
     def stream():
-        for ch in s.client().completions.create(model="default", prompt=PROMPT, max_tokens=40, temperature=0,
+        for ch in s.client().completions.create(model="default", prompt=PROMPT, max_tokens=400, temperature=0,
                                                 stream=True, extra_body={"ignore_eos": True},
                                                 stream_options={"include_usage": True}):
+            started.set()
             if ch.usage:
                 got.append(ch.usage.completion_tokens)
 
     t = threading.Thread(target=stream)
     t.start()
-    time.sleep(0.3)
+    assert started.wait(30)
     s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    # Draining: new requests are refused while the running one goes on.
+    st, body = s.raw("POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 1}))
     t.join(60)
-    assert got == [40]  # the running request finished in full
+    assert got == [400]  # the running request finished in full
+    assert st == 503 and b"shutting down" in body
     assert s.proc.wait(30) == 0
     assert any("draining" in l for l in s.lines)
 
