@@ -256,6 +256,24 @@ def test_abandoned_streams_free_their_slots(srv):
     assert srv.raw("GET", "/health")[0] == 200
 
 
+def test_abandoned_plain_request_frees_its_slot(srv):
+    _, text = srv.raw("GET", "/metrics")
+    before = float(re.search(r'finished_reason="cancelled"\} (\S+)', text.decode()).group(1))
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 900, "ignore_eos": True, "temperature": 0})
+    s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    deadline = time.time() + 20
+    while time.time() < deadline and srv.metric("num_requests_running") != 1:
+        time.sleep(0.05)
+    s.close()
+    while time.time() < deadline and srv.metric("num_requests_running") != 0:
+        time.sleep(0.05)
+    assert srv.metric("num_requests_running") == 0
+    _, text = srv.raw("GET", "/metrics")
+    assert float(re.search(r'finished_reason="cancelled"\} (\S+)', text.decode()).group(1)) == before + 1
+
+
 def test_malformed_requests_then_healthy(srv):
     def err(status, path, body, method="POST", headers=None):
         st, data = srv.raw(method, path, body, headers)
