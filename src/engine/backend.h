@@ -79,6 +79,10 @@ class ModelBackend {
   virtual void step(const Batch& batch, float* logits_out) = 0;
 };
 
+// True when this build has the CUDA backend and the machine shows an NVIDIA
+// device node. Cheap: it does not initialise CUDA (a CPU run never pays for it).
+bool gpu_present();
+
 // The backend for a device. CUDA throws when the build has no CUDA or no GPU is present.
 std::unique_ptr<ModelBackend> make_backend(const Model& m, Device d, const BackendOptions& opt = {});
 
