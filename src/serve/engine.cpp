@@ -65,7 +65,10 @@ Engine::Engine(ModelBackend& backend, const Tokenizer& tok, int64_t vocab, Engin
            "--max-step-tokens ({}) must be at least --max-seqs ({}) so every running sequence decodes each step",
            opt_.max_step_tokens, opt_.max_seqs);
   CM_CHECK(opt_.ctx >= 2, "--ctx must be >= 2 (got {})", opt_.ctx);
-  be_.reserve(CacheShape{opt_.max_seqs, opt_.max_step_tokens, opt_.ctx});
+  const CacheShape& have = be_.shape();
+  if (have.max_slots != opt_.max_seqs || have.max_step_tokens != opt_.max_step_tokens || have.max_ctx != opt_.ctx)
+    be_.reserve(CacheShape{opt_.max_seqs, opt_.max_step_tokens, opt_.ctx});
+  for (int32_t s = 0; s < opt_.max_seqs; ++s) be_.reset_slot(s);
   slots_.resize(size_t(opt_.max_seqs));
   // A step asks for at most one logits row per slot (its decode token or its prompt's last token).
   logits_.resize(size_t(std::min(opt_.max_seqs, opt_.max_step_tokens)) * size_t(vocab_));
