@@ -228,7 +228,6 @@ def test_greedy_and_seeded_alone_equal_32_concurrent(srv):
 
 
 def test_abandoned_streams_free_their_slots(srv):
-    cancelled0 = srv.metric('request_success_total') or 0  # first series is finished_reason="stop"
     socks = []
     for i in range(6):
         s = socket.create_connection(("127.0.0.1", srv.port))
@@ -236,7 +235,12 @@ def test_abandoned_streams_free_their_slots(srv):
                            "temperature": 0})
         s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                    f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
-        assert b"data: " in s.recv(4096) + s.recv(4096)
+        s.settimeout(30)
+        seen = b""
+        while b"data: " not in seen:  # the stream has started
+            chunk = s.recv(4096)
+            assert chunk, "server closed the stream"
+            seen += chunk
         socks.append(s)
     assert srv.metric("num_requests_running") >= 1
     for s in socks:
@@ -250,7 +254,24 @@ def test_abandoned_streams_free_their_slots(srv):
     n = float(re.search(r'finished_reason="cancelled"\} (\S+)', text.decode()).group(1))
     assert n >= 6
     assert srv.raw("GET", "/health")[0] == 200
-    del cancelled0
+
+
+def test_abandoned_plain_request_frees_its_slot(srv):
+    _, text = srv.raw("GET", "/metrics")
+    before = float(re.search(r'finished_reason="cancelled"\} (\S+)', text.decode()).group(1))
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 900, "ignore_eos": True, "temperature": 0})
+    s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    deadline = time.time() + 20
+    while time.time() < deadline and srv.metric("num_requests_running") != 1:
+        time.sleep(0.05)
+    s.close()
+    while time.time() < deadline and srv.metric("num_requests_running") != 0:
+        time.sleep(0.05)
+    assert srv.metric("num_requests_running") == 0
+    _, text = srv.raw("GET", "/metrics")
+    assert float(re.search(r'finished_reason="cancelled"\} (\S+)', text.decode()).group(1)) == before + 1
 
 
 def test_malformed_requests_then_healthy(srv):
@@ -335,21 +356,26 @@ def test_auth():
 
 def test_sigterm_drains():
     s = Server("--max-seqs", "2")
-    got = []
+    got, started = [], threading.Event()
 
     def stream():
-        for ch in s.client().completions.create(model="default", prompt=PROMPT, max_tokens=40, temperature=0,
+        for ch in s.client().completions.create(model="default", prompt=PROMPT, max_tokens=400, temperature=0,
                                                 stream=True, extra_body={"ignore_eos": True},
                                                 stream_options={"include_usage": True}):
+            started.set()
             if ch.usage:
                 got.append(ch.usage.completion_tokens)
 
     t = threading.Thread(target=stream)
     t.start()
-    time.sleep(0.3)
+    assert started.wait(30)
     s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    # Draining: new requests are refused while the running one goes on.
+    st, body = s.raw("POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 1}))
     t.join(60)
-    assert got == [40]  # the running request finished in full
+    assert got == [400]  # the running request finished in full
+    assert st == 503 and b"shutting down" in body
     assert s.proc.wait(30) == 0
     assert any("draining" in l for l in s.lines)
 

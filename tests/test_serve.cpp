@@ -269,6 +269,7 @@ namespace {
 // prefix copies changes the output.
 class ScriptedBackend : public ModelBackend {
  public:
+  static constexpr int32_t kPoison = 3;  // a step holding this token fails (as a non-finite step would)
   explicit ScriptedBackend(int64_t vocab) : vocab_(vocab) {}
   Device device() const override { return Device::CPU; }
   void reserve(const CacheShape& s) override {
@@ -285,6 +286,8 @@ class ScriptedBackend : public ModelBackend {
   }
   void step(const Batch& b, float* out) override {
     if (b.n > shape_.max_step_tokens) throw Error("step too large");
+    for (int32_t i = 0; i < b.n; ++i)
+      if (b.token[i] == kPoison) throw Error("poisoned token");  // before any state changes
     max_batch = std::max(max_batch, b.n);
     ++steps;
     size_t row = 0;
@@ -488,4 +491,37 @@ TEST(ServeEngine, StopStringsAndLogprobs) {
   auto [lids, lfin] = collect(*jl);
   EXPECT_EQ(lfin.finish_reason, "length");
   EXPECT_EQ(lids.size(), 5u);  // positions 60..63 fed, the 5th token is never fed
+}
+
+TEST(ServeEngine, AFailingSequenceEndsAloneTheOthersContinue) {
+  const int64_t V = tokenizer().vocab_size();
+  EngineOptions o;
+  o.max_seqs = 3;
+  o.max_step_tokens = 64;
+  o.ctx = 128;
+  o.log_requests = false;
+  ScriptedBackend lone_be(V);
+  Engine lone(lone_be, tokenizer(), V, o, nullptr);
+  auto ref = make_job(prompt_of(12, 4), 8);
+  lone.submit(ref);
+  run_all(lone);
+  const std::vector<int32_t> want = collect(*ref).first;
+
+  ScriptedBackend be(V);
+  Engine e(be, tokenizer(), V, o, nullptr);
+  std::vector<int32_t> poisoned = prompt_of(12, 5);
+  poisoned[6] = ScriptedBackend::kPoison;
+  auto bad = make_job(poisoned, 8);
+  auto good = make_job(prompt_of(12, 4), 8);
+  e.submit(good);
+  e.submit(bad);
+  run_all(e);
+  auto [bad_ids, bad_fin] = collect(*bad);
+  EXPECT_EQ(bad_fin.finish_reason, "error");
+  EXPECT_EQ(bad_fin.error, "poisoned token");
+  EXPECT_TRUE(bad_ids.empty());
+  auto [good_ids, good_fin] = collect(*good);
+  EXPECT_EQ(good_fin.finish_reason, "length");
+  EXPECT_EQ(good_ids, want);
+  EXPECT_TRUE(e.idle());
 }

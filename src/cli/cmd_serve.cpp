@@ -1,5 +1,5 @@
 // `clawmine serve [-m DIR] [--host 127.0.0.1] [--port 8080] [--api-key KEY]
-//   [--served-model-name NAME] [--max-seqs N] [--max-step-tokens N] [--ctx N] [--device cpu|cuda]`
+//   [--served-model-name NAME] [--max-seqs N] [--max-step-tokens N] [--ctx N] [--device auto|cpu|cuda]`
 // An OpenAI-compatible server (vLLM / llama-server conventions) over the serving engine: one
 // engine thread batches every running request per step; HTTP threads parse and stream.
 // SIGTERM (or Ctrl-C) drains: new requests get 503, running ones finish, then the process exits;
@@ -31,7 +31,6 @@ struct Opts {
   cm::serve::HttpOptions http;
   int32_t max_seqs = 8, max_step_tokens = 256;
   int64_t ctx = 0;  // 0 = the model's max_position_embeddings, at most 4096
-  std::string device = "cpu";
 };
 
 // Request defaults from generation_config.json: only the sampling fields the file states
@@ -62,7 +61,6 @@ int run(Opts& o) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that left must not kill the server
 
-  if (o.device != "cpu" && o.device != "cuda") cm::fail("--device must be cpu or cuda (got '{}')", o.device);
   if (o.max_seqs < 1) cm::fail("--max-seqs must be >= 1 (got {})", o.max_seqs);
   if (o.max_step_tokens < o.max_seqs)
     cm::fail("--max-step-tokens ({}) must be at least --max-seqs ({})", o.max_step_tokens, o.max_seqs);
@@ -75,12 +73,9 @@ int run(Opts& o) {
     cm::fail("--ctx must be in [2, {}] (the model's max_position_embeddings), got {}", c.max_position_embeddings, o.ctx);
   cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
   cm::LayerStatsObserver stats(stderr);
-  cm::BackendOptions bo;
-  bo.observer = o.eng.layer_stats ? &stats : nullptr;
-  bo.act_quant = o.eng.act_quant == "nvfp4" ? cm::ActQuant::NVFP4 : cm::ActQuant::NONE;
-  std::unique_ptr<cm::ModelBackend> backend =
-      cm::make_backend(*model, o.device == "cuda" ? cm::Device::CUDA : cm::Device::CPU, bo);
   const cm::CacheShape shape{o.max_seqs, o.max_step_tokens, o.ctx};
+  // The shared flags pick the device (--device auto|cpu|cuda).
+  std::unique_ptr<cm::ModelBackend> backend = cm::cli::make_backend(o.eng, *model, &stats, shape);
   std::fprintf(stderr, "clawmine serve: %.1f MiB of sequence state per slot, %d slots\n",
                double(backend->bytes_per_slot(shape)) / (1 << 20), o.max_seqs);
 
@@ -89,6 +84,7 @@ int run(Opts& o) {
     o.http.model_name = (p.has_filename() ? p.filename() : p.parent_path().filename()).string();
   }
   o.http.ctx = o.ctx;
+  o.http.vocab = c.vocab_size;
   cm::serve::EngineOptions eo;
   eo.max_seqs = o.max_seqs;
   eo.max_step_tokens = o.max_step_tokens;
@@ -119,7 +115,7 @@ int run(Opts& o) {
   });
   std::fprintf(stderr,
                "clawmine serve: model '%s' on http://%s:%d (device %s, max-seqs %d, max-step-tokens %d, ctx %lld)\n",
-               o.http.model_name.c_str(), o.http.host.c_str(), port, o.device.c_str(), o.max_seqs, o.max_step_tokens,
+               o.http.model_name.c_str(), o.http.host.c_str(), port, cm::device_name(backend->device()), o.max_seqs, o.max_step_tokens,
                (long long)o.ctx);
   http.serve();
   done = true;
@@ -142,7 +138,6 @@ cm::cli::CommandRegistrar reg(
        app.add_option("--max-step-tokens", o->max_step_tokens, "Tokens per engine step (decode + prefill chunks)")
            ->capture_default_str();
        app.add_option("--ctx", o->ctx, "Context per sequence (default: the model's max_position_embeddings, at most 4096)");
-       app.add_option("--device", o->device, "cpu or cuda")->capture_default_str();
        app.add_option("--threads-http", o->http.http_threads, "HTTP worker threads (each open stream holds one)")
            ->capture_default_str();
        app.add_option("--max-body-bytes", o->http.max_body_bytes, "Largest request body accepted (413 beyond)")

@@ -65,7 +65,10 @@ Engine::Engine(ModelBackend& backend, const Tokenizer& tok, int64_t vocab, Engin
            "--max-step-tokens ({}) must be at least --max-seqs ({}) so every running sequence decodes each step",
            opt_.max_step_tokens, opt_.max_seqs);
   CM_CHECK(opt_.ctx >= 2, "--ctx must be >= 2 (got {})", opt_.ctx);
-  be_.reserve(CacheShape{opt_.max_seqs, opt_.max_step_tokens, opt_.ctx});
+  const CacheShape& have = be_.shape();
+  if (have.max_slots != opt_.max_seqs || have.max_step_tokens != opt_.max_step_tokens || have.max_ctx != opt_.ctx)
+    be_.reserve(CacheShape{opt_.max_seqs, opt_.max_step_tokens, opt_.ctx});
+  for (int32_t s = 0; s < opt_.max_seqs; ++s) be_.reset_slot(s);
   slots_.resize(size_t(opt_.max_seqs));
   // A step asks for at most one logits row per slot (its decode token or its prompt's last token).
   logits_.resize(size_t(std::min(opt_.max_seqs, opt_.max_step_tokens)) * size_t(vocab_));
@@ -224,25 +227,43 @@ bool Engine::step_once() {
   b.pos = b_pos_.data();
   b.slot = b_slot_.data();
   b.logits = b_logits_.data();
+  std::vector<std::pair<Seq*, std::string>> failed;
   try {
     be_.step(b, logits_.data());
   } catch (const std::exception& e) {
-    // The backend left every slot as it was; the sequences of this batch cannot continue.
-    std::fprintf(stderr, "engine: step failed: %s\n", e.what());
-    std::vector<Seq*> in_batch;
-    for (auto& s : running_)
-      if (std::find(b_slot_.begin(), b_slot_.end(), s->slot) != b_slot_.end()) in_batch.push_back(s.get());
-    for (Seq* s : in_batch) {
-      slots_[size_t(s->slot)].held.clear();
-      be_.reset_slot(s->slot);
-      finish(*s, "error", false, e.what());
+    // The backend left every slot as it was. Run each sequence's rows alone, so a failure (a
+    // non-finite step, a token the model rejects) ends only the sequence that caused it.
+    std::fprintf(stderr, "engine: step of %d tokens failed (%s); retrying sequence by sequence\n", b.n, e.what());
+    size_t row = 0;
+    for (int32_t i = 0; i < b.n;) {
+      int32_t j = i;
+      size_t rows = 0;
+      while (j < b.n && b_slot_[size_t(j)] == b_slot_[size_t(i)]) rows += b_logits_[size_t(j++)];
+      Batch one{j - i, b.token + i, b.pos + i, b.slot + i, b.logits + i};
+      try {
+        be_.step(one, logits_.data() + row * size_t(vocab_));
+      } catch (const std::exception& e1) {
+        for (auto& sq : running_)
+          if (sq->slot == b_slot_[size_t(i)]) failed.emplace_back(sq.get(), e1.what());
+      }
+      row += rows;
+      i = j;
     }
-    return true;
   }
-  for (auto& [s, n] : chunks) s->fed += n;
-  // Sampling may finish sequences (erasing them from running_); row_seq pointers stay valid until
-  // finish() runs, so collect first, then finish in order.
-  for (size_t r = 0; r < row_seq.size(); ++r) on_logits(*row_seq[r], logits_.data() + r * size_t(vocab_));
+  auto is_failed = [&](const Seq* s) {
+    return std::any_of(failed.begin(), failed.end(), [&](const auto& f) { return f.first == s; });
+  };
+  for (auto& [s, n] : chunks)
+    if (!is_failed(s)) s->fed += n;
+  // Sampling may finish sequences (erasing them from running_); every row's sequence is still
+  // alive when its turn comes, since each sequence has at most one row.
+  for (size_t r = 0; r < row_seq.size(); ++r)
+    if (!is_failed(row_seq[r])) on_logits(*row_seq[r], logits_.data() + r * size_t(vocab_));
+  for (auto& [s, what] : failed) {
+    slots_[size_t(s->slot)].held.clear();
+    be_.reset_slot(s->slot);
+    finish(*s, "error", false, what);
+  }
   return true;
 }
 

@@ -94,7 +94,8 @@ struct EngineOptions {
 
 class Engine {
  public:
-  // The backend is reserved here for (max_seqs, max_step_tokens, ctx). vocab: logits row width.
+  // The backend is reserved for (max_seqs, max_step_tokens, ctx) unless it already is; every slot
+  // starts empty. vocab: logits row width.
   Engine(ModelBackend& backend, const Tokenizer& tok, int64_t vocab, EngineOptions opt, Metrics* metrics);
   ~Engine();
 

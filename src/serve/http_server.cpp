@@ -4,8 +4,14 @@
 // engine frees its slot at the next step) or as one JSON body.
 #include "serve/http_server.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <chrono>
 #include <cstdio>
@@ -31,6 +37,43 @@ void reply_json(httplib::Response& res, const Json& j) {
   res.status = 200;
   res.set_content(j.dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
 }
+// The connected socket of a request: cpp-httplib 0.11 does not expose it, so look for the
+// descriptor whose peer and local ports are the request's (once per non-streamed request). -1 if
+// not found. It stays this connection's until the handler returns.
+int find_socket(const httplib::Request& req) {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) return -1;
+  int found = -1;
+  while (dirent* e = ::readdir(d)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2) continue;
+    sockaddr_storage peer{}, self{};
+    socklen_t pl = sizeof(peer), sl = sizeof(self);
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &sl) != 0) continue;
+    auto port_of = [](const sockaddr_storage& a) {
+      if (a.ss_family == AF_INET) return int(ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port));
+      if (a.ss_family == AF_INET6) return int(ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port));
+      return -1;
+    };
+    if (port_of(peer) == req.remote_port && port_of(self) == req.local_port) {
+      found = fd;
+      break;
+    }
+  }
+  ::closedir(d);
+  return found;
+}
+
+// True when the client has closed its end (an orderly close reads as 0 bytes; a pipelined next
+// request is data and keeps the connection alive).
+bool peer_closed(int fd) {
+  if (fd < 0) return false;
+  char c;
+  const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -109,6 +152,10 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
                                                          r.model, opt.model_name), "model"});
   PromptResult pp = build_prompt(r, tok, opt.ctx, defaults);
   if (pp.error) return fail_with(*pp.error);
+  for (int32_t t : pp.prompt->tokens)
+    if (opt.vocab > 0 && t >= opt.vocab)
+      return fail_with({400, "invalid_request_error",
+                        fmt::format("token id {} is outside the model's vocabulary of {}", t, opt.vocab), "prompt"});
 
   JobSpec spec;
   spec.id = id;
@@ -126,8 +173,11 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
   engine.submit(job);
   if (!r.stream) {
     Responder resp(r, meta, tok);
-    while (!resp.done())
+    const int sock = find_socket(req);
+    while (!resp.done()) {
       for (const JobEvent& e : job->pop(200)) resp.consume(e);
+      if (!job->cancelled && peer_closed(sock)) job->cancelled = true;  // the client left: free the slot
+    }
     --inflight;
     if (resp.failed()) return reply_error(res, {500, "server_error", resp.error(), ""});
     res.status = 200;

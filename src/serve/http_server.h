@@ -28,6 +28,7 @@ struct HttpOptions {
   size_t max_body_bytes = 4u << 20;
   int http_threads = 256;          // concurrent connections served (each stream holds one)
   int64_t ctx = 4096;
+  int64_t vocab = 0;               // the model's vocabulary (prompt ids must be below it)
 };
 
 class HttpServer {
