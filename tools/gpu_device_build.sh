@@ -20,8 +20,9 @@ compile() {  # compile SRC OBJ
   esac
 }
 obj() { echo "$B/obj/$(echo "$1" | tr '/' '_').o"; }
-# The CPU reference linear and what it needs (quant/codec.cpp once linear.cpp uses it).
-CORE=(src/common/dtype.cpp src/backend/cpu/linear.cpp src/backend/cuda/*.cpp src/backend/cuda/*.cu)
+# The CPU reference ops (linear, norm, RoPE, mHC, compressor, attention, router), the
+# config (RoPE frequency tables) and what they need (quant/codec.cpp once linear.cpp uses it).
+CORE=(src/common/dtype.cpp src/backend/cpu/*.cpp src/model/config.cpp src/backend/cuda/*.cpp src/backend/cuda/*.cu)
 [ -f src/quant/codec.cpp ] && CORE+=(src/quant/codec.cpp)
 TESTS=(tests/gpu/*.cpp "$TP/googletest/src/gtest-all.cc" "$TP/googletest/src/gtest_main.cc")
 CLI=(src/cli/main.cpp src/cli/cmd_bench.cpp)

@@ -13,14 +13,12 @@
 
 #include "common/error.h"
 #include "model/model.h"
-#include "ops/compressor.h"
+#include "ops/router.h"
 
 namespace cm {
 
 namespace {
 
-// PyTorch softplus (beta 1, threshold 20).
-inline float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }
 inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
 
 // Adds weight[i] · expert(x[rows[i]]) to out[rows[i]] for the given rows.
@@ -52,27 +50,16 @@ void expert_apply(const ExpertWeights& e, float limit, const float* x, int64_t D
 
 void moe_route(const Config& c, const LayerWeights& lw, const int32_t* tokens, const float* logits, int64_t T,
                std::vector<int32_t>* idx, std::vector<float>* weights) {
-  const int64_t E = c.n_routed_experts, K = c.n_experts_per_tok;
-  const bool hash = !lw.tid2eid.empty();
-  idx->assign(size_t(T * K), 0);
-  weights->assign(size_t(T * K), 0.0f);
-  std::vector<float> s(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t e = 0; e < E; ++e) s[size_t(e)] = std::sqrt(softplus(logits[size_t(t * E + e)]));
-    std::vector<int32_t> sel;
-    if (hash) {
-      sel.assign(&lw.tid2eid[size_t(int64_t(tokens[t]) * K)], &lw.tid2eid[size_t(int64_t(tokens[t]) * K + K)]);
-    } else {
-      for (int64_t e = 0; e < E; ++e) biased[size_t(e)] = s[size_t(e)] + lw.gate_bias[size_t(e)];
-      sel = topk_lower_index_first(biased.data(), E, K);
-    }
-    float sum = 0;
-    for (int32_t e : sel) sum += s[size_t(e)];
-    for (int64_t j = 0; j < K; ++j) {
-      (*idx)[size_t(t * K + j)] = sel[size_t(j)];
-      (*weights)[size_t(t * K + j)] = s[size_t(sel[size_t(j)])] / (sum + 1e-20f) * float(c.routed_scaling_factor);
-    }
-  }
+  RouterParams p;
+  p.experts = c.n_routed_experts;
+  p.topk = c.n_experts_per_tok;
+  p.routed_scaling = float(c.routed_scaling_factor);
+  p.bias = lw.gate_bias.empty() ? nullptr : lw.gate_bias.data();
+  p.tid2eid = lw.tid2eid.empty() ? nullptr : lw.tid2eid.data();
+  p.vocab = c.vocab_size;
+  idx->assign(size_t(T * p.topk), 0);
+  weights->assign(size_t(T * p.topk), 0.0f);
+  route_cpu(p, tokens, logits, T, idx->data(), weights->data());
 }
 
 void moe_block(const Model& mdl, int64_t L, const int32_t* tokens, const float* x, int64_t T, float* out,
