@@ -11,12 +11,14 @@
 //    > 512 entries; HCA; window only; 128 heads; tiny) against
 //    attention_sink_cpu + inverse RoPE, and window_store_cuda (exact ring).
 // Metric max|gpu − cpu| / max|cpu|; bf16 outputs (entries, attention) are
-// bounded by 4e-3 (bf16 rounding ≤ 2^-9 of max|ref|, twice as margin), f32
-// index scores by 1e-5 (fp32 sums over 64 × 128 terms in another order).
+// bounded by 8e-3 (bf16 rounding costs up to 2^-8 ≈ 3.9e-3 of max|ref|, twice
+// as margin), f32 index scores by 1e-5 (fp32 sums over 64 × 128 terms in
+// another order).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -142,7 +144,7 @@ TEST(GpuOps, CompressorEntriesOverSteps) {
     }
     ASSERT_GT(n_entries, 0);
     expect_err("compressor entries", std::string(cc.name) + " entries=" + std::to_string(n_entries),
-               max_rel(g_all, r_all), 4e-3);
+               max_rel(g_all, r_all), 8e-3);
   }
 }
 
@@ -171,6 +173,16 @@ TEST(GpuOps, IndexerScoresAndTopk) {
   ctx.sync();
   const std::vector<float> gs = score.get();
   const std::vector<int32_t> gi = idx.get();
+  // The same inputs again: the same bits.
+  indexer_scores_cuda(ctx, ks, dq.as<uint16_t>(), dw.as<float>(), H, ds.as<int32_t>(), dp.as<int32_t>(), b.n(),
+                      (4999 + 1) / m, score.ptr(), max_entries);
+  topk_lower_index_first_cuda(ctx, score.ptr(), max_entries, dp.as<int32_t>(), m, b.n(), K, idx.ptr());
+  ctx.sync();
+  {
+    const std::vector<float> again = score.get();
+    EXPECT_EQ(0, std::memcmp(again.data(), gs.data(), gs.size() * 4)) << "indexer scores differ between runs";
+    EXPECT_EQ(idx.get(), gi) << "top-k differs between runs";
+  }
   std::vector<float> g_all, r_all, ref(static_cast<size_t>(max_entries));
   for (int64_t i = 0; i < b.n(); ++i) {
     const int64_t s = b.slot[size_t(i)], cnt = (b.pos[size_t(i)] + 1) / m;
@@ -315,7 +327,7 @@ void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed) {
                        &ref[size_t(i * H * D)]);
     rope_apply_cpu(&ref[size_t(i * H * D)], H, D, p, tab, true);
   }
-  expect_err("attention+inv rope", sh(ac.name, n), max_rel(gputest::bf16_vals(got_b), ref), 4e-3);
+  expect_err("attention+inv rope", sh(ac.name, n), max_rel(gputest::bf16_vals(got_b), ref), 8e-3);
 
   // The ring now holds, per slot and residue, the latest position's row.
   std::vector<uint16_t> want = ring;

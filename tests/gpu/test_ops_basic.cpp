@@ -5,8 +5,9 @@
 //  - f32 outputs of the same fp32 math in another summation order: 1e-5
 //    (norms over ≤ 4096 terms) or 1e-4 (mHC: dot products over 16384 terms,
 //    then sigmoid and 39 Sinkhorn divisions);
-//  - bf16 outputs: 4e-3 (rounding to bf16 costs at most 2^-9 ≈ 2e-3 of a
-//    value, hence of max|ref|; twice that as margin);
+//  - bf16 outputs: 8e-3 (bf16 keeps 8 significant bits: rounding to nearest
+//    costs up to 2^-8 ≈ 3.9e-3 of a value just above a power of two, hence of
+//    max|ref|; twice that as margin);
 //  - discrete outputs (embedding bits, router ids): exact.
 #include <gtest/gtest.h>
 
@@ -119,7 +120,7 @@ TEST(GpuOps, RmsNormAndFusedRope) {
     const std::vector<float> got = c.bf16_out ? gputest::bf16_vals(yb.get()) : yf.get();
     expect_err(c.rope_dim ? "rms_norm+rope" : "rms_norm",
                shape({{"rows", c.rows}, {"dim", c.dim}, {"rope", c.rope_dim}, {"bf16", c.bf16_out}}),
-               max_rel(got, ref), c.bf16_out ? 4e-3 : 1e-5);
+               max_rel(got, ref), c.bf16_out ? 8e-3 : 1e-5);
   }
 }
 
@@ -170,7 +171,7 @@ TEST(GpuOps, RopeForwardAndInverse) {
       rope_apply_cpu(&ref[size_t(row * c.dim)], 1, c.dim, pos[size_t(row / c.rows_per_pos)], tab, c.inverse);
     expect_err(c.inverse ? "rope inverse" : "rope",
                shape({{"rows", c.rows}, {"dim", c.dim}, {"rope", c.rope_dim}, {"bf16_out", c.out_bf16}}),
-               max_rel(got, ref), c.out_bf16 ? 4e-3 : 1e-5);
+               max_rel(got, ref), c.out_bf16 ? 8e-3 : 1e-5);
   }
 }
 
@@ -276,7 +277,7 @@ TEST(GpuOps, DenseLinearsThroughCublas) {
       linear_dense_cuda(ctx, v, dx.get(), true, M, K, yb.ptr(), true, N);
       ctx.sync();
       expect_err("linear BF16 -> f32", sh, max_rel(y.get(), ref), 1e-4);
-      expect_err("linear BF16 -> bf16", sh, max_rel(gputest::bf16_vals(yb.get()), ref), 4e-3);
+      expect_err("linear BF16 -> bf16", sh, max_rel(gputest::bf16_vals(yb.get()), ref), 8e-3);
     }
     {  // F32 weight, f32 x
       cuda::DeviceBuffer dw = to_device(wv), dx = to_device(xv);
