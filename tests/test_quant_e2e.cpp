@@ -9,8 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "model/model.h"
-#include "quant/calibrate.h"
-#include "quant/inspect.h"
+#include "step_util.h"
+#include "runtime/calibrate.h"
+#include "model/inspect.h"
 #include "quant/quantize.h"
 #include "quant/validate.h"
 #include "quant_test_util.h"
@@ -23,39 +24,14 @@ namespace {
 
 const std::string kData = CLAWMINE_TEST_DATA;
 
-struct Expected {
-  std::vector<int32_t> tokens;
-  std::vector<float> logits;
-};
-Expected read_expected(const std::string& dir) {
-  SafetensorsFile f(dir + "/expected.safetensors");
-  const TensorView* t = f.find("tokens");
-  const TensorView* l = f.find("logits");
-  EXPECT_TRUE(t && l);
-  Expected e;
-  for (int64_t i = 0; i < t->numel(); ++i) {
-    int64_t v;
-    std::memcpy(&v, t->data + 8 * i, 8);
-    e.tokens.push_back(int32_t(v));
-  }
-  e.logits.resize(size_t(l->numel()));
-  std::memcpy(e.logits.data(), l->data, l->nbytes);
-  return e;
-}
+using test::Expected;
+using test::read_expected;
 
 std::vector<float> run_logits(const Model& m, const std::vector<int32_t>& toks, int64_t chunk,
                               ActQuant aq = ActQuant::NONE) {
-  State st = state_new(m.config);
-  ForwardOptions fo;
-  fo.all_logits = true;
-  fo.act_quant = aq;
-  std::vector<float> out;
-  for (size_t i = 0; i < toks.size(); i += size_t(chunk)) {
-    int64_t n = std::min<int64_t>(chunk, int64_t(toks.size() - i));
-    std::vector<float> l = forward(m, st, toks.data() + i, n, fo);
-    out.insert(out.end(), l.begin(), l.end());
-  }
-  return out;
+  BackendOptions bo;
+  bo.act_quant = aq;
+  return test::cpu_logits(m, toks, chunk, bo);
 }
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -241,18 +217,18 @@ TEST(QuantE2E, CalibratedInputScales) {
     }
   } rec;
   auto m = model_load(d + "/src");
+  BackendOptions bo;
+  bo.observer = &rec;
   for (const auto& s : seqs)
     for (size_t i = 0; i < s.size(); i += 16) {
-      State st = state_new(m->config);
-      ForwardOptions fo;
-      fo.observer = &rec;
-      forward(*m, st, s.data() + i, std::min<int64_t>(16, int64_t(s.size() - i)), fo);
+      std::vector<int32_t> piece(s.begin() + long(i), s.begin() + long(std::min(s.size(), i + 16)));
+      test::cpu_logits(*m, piece, 0, bo);
     }
   for (int L = 0; L < 4; ++L) {
     std::string p = "model.layers." + std::to_string(L);
-    EXPECT_EQ(amax.at(p + ".attn.wq_a"), rec.amax.at("l" + std::to_string(L) + ".attn_in")) << L;
-    EXPECT_EQ(amax.at(p + ".attn.wkv"), rec.amax.at("l" + std::to_string(L) + ".attn_in")) << L;
-    EXPECT_EQ(amax.at(p + ".ffn.shared_experts.w1"), rec.amax.at("l" + std::to_string(L) + ".moe_in")) << L;
+    EXPECT_EQ(amax.at(p + ".attn.wq_a"), rec.amax.at("l" + std::to_string(L) + ".s0.attn_in")) << L;
+    EXPECT_EQ(amax.at(p + ".attn.wkv"), rec.amax.at("l" + std::to_string(L) + ".s0.attn_in")) << L;
+    EXPECT_EQ(amax.at(p + ".ffn.shared_experts.w1"), rec.amax.at("l" + std::to_string(L) + ".s0.moe_in")) << L;
   }
   QuantizeOptions qo;
   qo.in_dir = d + "/src";
@@ -269,7 +245,7 @@ TEST(QuantE2E, CalibratedInputScales) {
   for (int L = 0; L < 4; ++L) {
     std::string p = "model.layers." + std::to_string(L);
     // Every token reaches some expert, so the w1/w3 group max is the amax of the MoE input.
-    float in = rec.amax.at("l" + std::to_string(L) + ".moe_in") / 2688.0f;
+    float in = rec.amax.at("l" + std::to_string(L) + ".s0.moe_in") / 2688.0f;
     float down = 0;
     for (int x = 0; x < 8; ++x) {
       auto it = amax.find(p + ".ffn.experts." + std::to_string(x) + ".w2");
@@ -282,7 +258,7 @@ TEST(QuantE2E, CalibratedInputScales) {
       EXPECT_EQ(scale(ex + ".w3"), in) << ex;
       EXPECT_EQ(scale(ex + ".w2"), down / 2688.0f) << ex;
     }
-    EXPECT_EQ(scale(p + ".attn.wq_a"), rec.amax.at("l" + std::to_string(L) + ".attn_in") / 2688.0f);
+    EXPECT_EQ(scale(p + ".attn.wq_a"), rec.amax.at("l" + std::to_string(L) + ".s0.attn_in") / 2688.0f);
   }
 }
 

@@ -59,11 +59,21 @@ std::unique_ptr<Model> load_model(EngineOptions& o) {
   return model_load(o.model, lo);
 }
 
-ForwardOptions forward_options(const EngineOptions& o, Observer* stats) {
-  ForwardOptions fo;
-  fo.observer = o.layer_stats ? stats : nullptr;
-  fo.act_quant = o.act_quant == "nvfp4" ? ActQuant::NVFP4 : ActQuant::NONE;
-  return fo;
+int64_t context_size(const EngineOptions& o, const Model& m) {
+  const int64_t model_ctx = m.config.max_position_embeddings;
+  if (o.ctx_size < 0) fail("--ctx-size must be >= 0 (got {})", o.ctx_size);
+  if (o.ctx_size > model_ctx) fail("--ctx-size {} exceeds the model's context of {}", o.ctx_size, model_ctx);
+  return o.ctx_size > 0 ? o.ctx_size : std::min<int64_t>(model_ctx, 4096);
+}
+
+std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& m, Observer* stats, CacheShape shape) {
+  BackendOptions bo;
+  bo.observer = o.layer_stats ? stats : nullptr;
+  bo.act_quant = o.act_quant == "nvfp4" ? ActQuant::NVFP4 : ActQuant::NONE;
+  std::unique_ptr<ModelBackend> be = cm::make_backend(m, Device::CPU, bo);
+  if (shape.max_ctx == 0) shape.max_ctx = context_size(o, m);
+  be->reserve(shape);
+  return be;
 }
 
 }  // namespace cm::cli

@@ -43,10 +43,18 @@ struct CacheShape {
 enum class Device : uint8_t { CPU, CUDA };
 const char* device_name(Device d);
 
+// Sees the fp32 input x[m, K] (rows ldx apart) of every linear a step runs
+// (calibration records activation amax per linear). Called from the step's thread.
+struct LinearInputObserver {
+  virtual ~LinearInputObserver() = default;
+  virtual void observe_input(const LinearWeight& w, const float* x, int64_t m, int64_t ldx) = 0;
+};
+
 // Behaviour of a backend, fixed when it is made.
 struct BackendOptions {
-  Observer* observer = nullptr;        // sees every named intermediate (--layer-stats, dumps)
-  ActQuant act_quant = ActQuant::NONE; // CPU: W4A4 emulation of NVFP4 linears
+  Observer* observer = nullptr;                  // sees every named intermediate (--layer-stats, dumps)
+  LinearInputObserver* linear_inputs = nullptr;  // CPU: sees every linear's input (calibration)
+  ActQuant act_quant = ActQuant::NONE;           // CPU: W4A4 emulation of NVFP4 linears
 };
 
 class ModelBackend {
