@@ -79,6 +79,9 @@ class ModelBackend {
   virtual void step(const Batch& batch, float* logits_out) = 0;
 };
 
+// True when make_backend can make a backend for d here (CUDA: a CUDA build and a device present).
+bool device_available(Device d);
+
 // The backend for a device. CUDA throws when the build has no CUDA or no GPU is present.
 std::unique_ptr<ModelBackend> make_backend(const Model& m, Device d, const BackendOptions& opt = {});
 
