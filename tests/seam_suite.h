@@ -59,22 +59,31 @@ class Seam : public ::testing::TestWithParam<Device> {
   void expect_close(const std::vector<float>& got, const Expected& e, const std::string& what) {
     double amax = 0;
     const double d = max_abs(got, e.logits, &amax);
-    // Argmax agreement per row.
+    // Per row: argmax agreement and max|Δ| within 3% of max|logit|.
     const size_t V = size_t(vocab_), rows = V ? e.logits.size() / V : 0;
-    size_t agree = 0;
+    size_t agree = 0, close = 0;
     for (size_t r = 0; r < rows && got.size() == e.logits.size(); ++r) {
       const auto g0 = got.begin() + long(r * V), e0 = e.logits.begin() + long(r * V);
       agree += std::max_element(g0, g0 + long(V)) - g0 == std::max_element(e0, e0 + long(V)) - e0;
+      double rd = 0;
+      for (size_t j = 0; j < V; ++j) rd = std::max(rd, std::fabs(double(g0[long(j)]) - double(e0[long(j)])));
+      close += rd <= 0.03 * amax;
     }
     const double agreement = rows ? double(agree) / double(rows) : 0.0;
+    const double within = rows ? double(close) / double(rows) : 0.0;
     if (GetParam() == Device::CPU) {
       EXPECT_LE(d, 1e-4) << what;
     } else {
-      EXPECT_LE(d, 0.03 * amax) << what;  // bf16 activations
+      // bf16 activations. A rare row can flip a discrete choice (router or indexer top-k near a tie) and
+      // then differ by more than 3%; the CPU with q/kv/entries/attention output rounded to bf16 shows the
+      // same rows (docs/cuda-backend.md). So: 95% of rows within 3% of max|logit|, argmax agreement >= 95%.
+      EXPECT_GE(within, 0.95) << what << ": max |Δ| " << d << " of max |logit| " << amax;
       EXPECT_GE(agreement, 0.95) << what;
     }
-    std::printf("  %s %s: max |logits - transformers| = %.3g (%.2f%% of max |logit| %.3g), argmax agreement %.1f%%\n",
-                device_name(GetParam()), what.c_str(), d, 100.0 * d / std::max(amax, 1e-30), amax, 100.0 * agreement);
+    std::printf("  %s %s: max |logits - transformers| = %.3g (%.2f%% of max |logit| %.3g); rows within 3%%: "
+                "%.1f%%; argmax agreement %.1f%%\n",
+                device_name(GetParam()), what.c_str(), d, 100.0 * d / std::max(amax, 1e-30), amax, 100.0 * within,
+                100.0 * agreement);
   }
 };
 
@@ -201,6 +210,51 @@ TEST_P(Seam, SameStepTwiceSameBits) {
     EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0)
         << name << ": two identical runs differ (max |Δ| " << max_abs(runs[0], runs[1]) << ")";
   }
+}
+
+// NaN in a weight: the step throws naming the first intermediate that went
+// non-finite (layer 1's normed attention input), slot included.
+TEST_P(Seam, NonFiniteLogitsNameTheFirstIntermediate) {
+  auto m = model_load(kData + "/golden/hf_text");
+  m->weights.layers[1].attn_norm[3] = std::nanf("");
+  auto be = backend(*m, 2, 8, 16);
+  if (!be) GTEST_SKIP() << "no " << device_name(GetParam()) << " backend here";
+  std::vector<int32_t> toks = {5, 9, 3};
+  std::string msg = "no error";
+  try {
+    test::feed_chunks(*be, 1, toks.data(), 3, 0, m->config.vocab_size);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("non-finite logits"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("l1.s1.attn_in"), std::string::npos) << msg;
+}
+
+// An observer sees the same named intermediates, in the same order and shapes, as on the CPU.
+TEST_P(Seam, ObserverSeesTheCpuNames) {
+  struct Names : Observer {
+    std::vector<std::string> seen;
+    void observe(const std::string& name, const float*, const std::vector<int64_t>& shape) override {
+      std::string s = name;
+      for (int64_t d : shape) s += " " + std::to_string(d);
+      seen.push_back(s);
+    }
+  };
+  auto m = model_load(kData + "/golden/hf_mixed_yarn");
+  if (!device_available(GetParam())) GTEST_SKIP() << "no " << device_name(GetParam()) << " backend here";
+  std::vector<int32_t> toks(11, 7), pos(11), slot(11, 0);
+  std::vector<uint8_t> want(11, 1);
+  for (int i = 0; i < 11; ++i) pos[size_t(i)] = i, slot[size_t(i)] = i < 5 ? 0 : 1, toks[size_t(i)] = 3 + i;
+  for (int i = 5; i < 11; ++i) pos[size_t(i)] = i - 5;
+  std::vector<float> out(11 * size_t(m->config.vocab_size));
+  Names cpu, dev;
+  BackendOptions oc, od;
+  oc.observer = &cpu;
+  od.observer = &dev;
+  test::reserved_backend(*m, Device::CPU, 2, 16, 32, oc)->step(Batch{11, toks.data(), pos.data(), slot.data(), want.data()}, out.data());
+  test::reserved_backend(*m, GetParam(), 2, 16, 32, od)->step(Batch{11, toks.data(), pos.data(), slot.data(), want.data()}, out.data());
+  EXPECT_GT(cpu.seen.size(), 20u);
+  EXPECT_EQ(cpu.seen, dev.seen);
 }
 
 TEST_P(Seam, OverReservationIsAnErrorAndChangesNothing) {

@@ -27,6 +27,8 @@ TEST(SeamCudaDefaultModel, MatchesCpuAndChunkingIsBitExact) {
   for (int32_t& t : toks) t = int32_t(rng() % uint32_t(V));
   std::vector<float> cpu = test::cpu_logits(*m, toks, 0);
   auto be = test::reserved_backend(*m, Device::CUDA, 2, int32_t(T), 256);
+  std::printf("  default model: %zu bytes of device state per slot at a 4096-token context\n",
+              be->bytes_per_slot(CacheShape{1, 1, 4096}));
   std::vector<float> whole = test::feed_chunks(*be, 0, toks.data(), T, 0, V);
   std::vector<float> chunked = test::feed_chunks(*be, 1, toks.data(), T, 7, V);
   double amax = 0;

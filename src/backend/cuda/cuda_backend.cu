@@ -103,7 +103,7 @@ class CudaBackend final : public ModelBackend {
               int64_t ldy = 0);
   void note(const char* what, int64_t layer, const void* data, bool bf16, int64_t width,
             const std::vector<int64_t>& inner);
-  void observe_entries(const char* what, int64_t L, const CompressorStateView& st);
+  void observe_entries(int64_t L, const CompressorStateView& comp, const CompressorStateView* index);
   std::string first_non_finite();
 
   const Model& m_;
@@ -354,20 +354,24 @@ void CudaBackend::note(const char* what, int64_t layer, const void* data, bool b
   }
 }
 
-// Observer only: the entries this step's segments completed (bf16 state rows).
-void CudaBackend::observe_entries(const char* what, int64_t L, const CompressorStateView& st) {
+// Observer only: per segment, the entries (and CSA index keys) this step completed, as the CPU names them.
+void CudaBackend::observe_entries(int64_t L, const CompressorStateView& comp, const CompressorStateView* index) {
   if (!opt_.observer) return;
   for (const Segment& s : segs_) {
-    const int64_t first = s.pos0 / st.m, n_new = (s.pos0 + s.n) / st.m - first;
-    if (n_new <= 0) continue;
-    const size_t count = size_t(n_new * st.dc);
-    obs_bf_.resize(count);
-    obs_.resize(count);
-    CM_CUDA(cudaMemcpyAsync(obs_bf_.data(), st.entries + (int64_t(s.slot) * st.max_entries + first) * st.dc,
-                            count * 2, cudaMemcpyDeviceToHost, ctx_->stream()));
-    CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
-    for (size_t i = 0; i < count; ++i) obs_[i] = bf16_to_f32(obs_bf_[i]);
-    opt_.observer->observe(note_name(what, L, s.slot), obs_.data(), {n_new, st.dc});
+    for (const CompressorStateView* st : {&comp, index}) {
+      if (!st) continue;
+      const int64_t first = s.pos0 / st->m, n_new = (s.pos0 + s.n) / st->m - first;
+      if (n_new <= 0) continue;
+      const size_t count = size_t(n_new * st->dc);
+      obs_bf_.resize(count);
+      obs_.resize(count);
+      CM_CUDA(cudaMemcpyAsync(obs_bf_.data(), st->entries + (int64_t(s.slot) * st->max_entries + first) * st->dc,
+                              count * 2, cudaMemcpyDeviceToHost, ctx_->stream()));
+      CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
+      for (size_t i = 0; i < count; ++i) obs_[i] = bf16_to_f32(obs_bf_[i]);
+      opt_.observer->observe(note_name(st == index ? "index_keys" : "entries", L, s.slot), obs_.data(),
+                             {n_new, st->dc});
+    }
   }
 }
 
@@ -495,20 +499,22 @@ void CudaBackend::attention(int64_t L, const Batch& b, int64_t n, int64_t max_po
     linear(lw.comp->wgate, normed, false, n, cgate);
     compressor_step_cuda(ctx, ls.comp, lw.comp->ape.p(), lw.comp->norm.p(), eps, dm_->rope_compress, ckv, cgate,
                          d_slot_, d_pos_, n);
-    observe_entries("entries", L, ls.comp);
   }
   if (kind == AttnKind::CSA) {
     float *ikv = P<float>(a.ikv), *igate = P<float>(a.igate), *iqf = P<float>(a.iqf), *iw = P<float>(a.iw);
-    float *iscore = P<float>(a.iscore), *sel_score = P<float>(a.sel_score);
-    uint16_t* iq = P<uint16_t>(a.iq_bf);
-    int32_t* sel = P<int32_t>(a.sel);
     linear(lw.index_comp->wkv, normed, false, n, ikv);
     linear(lw.index_comp->wgate, normed, false, n, igate);
     linear(lw.index_wq_b, qr, false, n, iqf);
     linear(lw.index_weights_proj, normed, false, n, iw);
     compressor_step_cuda(ctx, ls.index, lw.index_comp->ape.p(), lw.index_comp->norm.p(), eps, dm_->rope_compress,
                          ikv, igate, d_slot_, d_pos_, n);
-    observe_entries("index_keys", L, ls.index);
+  }
+  if (lw.comp) observe_entries(L, ls.comp, kind == AttnKind::CSA ? &ls.index : nullptr);
+  if (kind == AttnKind::CSA) {
+    float *iqf = P<float>(a.iqf), *iw = P<float>(a.iw), *iscore = P<float>(a.iscore);
+    float* sel_score = P<float>(a.sel_score);
+    uint16_t* iq = P<uint16_t>(a.iq_bf);
+    int32_t* sel = P<int32_t>(a.sel);
     // Lightning indexer: top-k causal entries by Σ_h w_h·ReLU(q_h·K_i)·ihd^−½, w scaled by inh^−½.
     rope_cuda(ctx, iqf, false, iq, true, n * inh, ihd, d_pos_, inh, dm_->rope_compress, false);
     cuda::scale_f32(ctx, iw, n * inh, 1.0f / std::sqrt(float(inh)));

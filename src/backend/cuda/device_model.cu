@@ -83,6 +83,7 @@ DevF32 view_f32(const std::vector<float>& v, size_t& group) {
 float no_limit_is_inf(float limit) { return limit > 0 ? limit : std::numeric_limits<float>::infinity(); }
 
 std::string gib(size_t b) { return strf("%.3f GiB", double(b) / double(size_t(1) << 30)); }
+std::string mib(size_t b) { return strf("%.2f MiB", double(b) / double(size_t(1) << 20)); }
 
 }  // namespace
 
@@ -238,9 +239,9 @@ std::unique_ptr<DevModel> upload_model(const Model& m, size_t reserve_bytes) {
   d->report = strf(
       "cuda weights: embedding+head %s, attention %s, compressors+indexers %s, routed experts %s (%s), "
       "shared experts %s, routers %s, norms/mHC/sinks/RoPE %s; total %s",
-      gib(g_embed).c_str(), gib(g_attn).c_str(), gib(g_comp).c_str(), gib(g_experts).c_str(),
-      d->layers.empty() || !d->layers[0].experts ? "per-expert linears" : "packed FP4 MoE", gib(g_shared).c_str(),
-      gib(g_router).c_str(), gib(g_small).c_str(), gib(d->total_bytes).c_str());
+      mib(g_embed).c_str(), mib(g_attn).c_str(), mib(g_comp).c_str(), mib(g_experts).c_str(),
+      d->layers.empty() || !d->layers[0].experts ? "per-expert linears" : "packed FP4 MoE", mib(g_shared).c_str(),
+      mib(g_router).c_str(), mib(g_small).c_str(), mib(d->total_bytes).c_str());
   return d;
 }
 
