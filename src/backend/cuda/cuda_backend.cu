@@ -96,7 +96,7 @@ class CudaBackend final : public ModelBackend {
   void check_slot(int32_t slot, const char* what) const;
   size_t state_bytes_per_slot(const CacheShape& shape) const;
   int64_t max_entries(int64_t L, int64_t max_ctx) const;
-  void attention(int64_t L, const Batch& b, int64_t n, int64_t max_pos);
+  void attention(int64_t L, int64_t n, int64_t max_pos);
   void moe(int64_t L, int64_t n);
   void expert(const cuda::DevExpert& e, const float* x, int64_t n, float* y);
   void linear(const DevLinear& w, const void* x, bool x_bf16, int64_t M, void* y, int64_t ldx = 0,
@@ -410,7 +410,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
     hc_pre_cuda(ctx, hc_params(c, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale), X, n, A, post, comb);
     rms_norm_cuda(ctx, A, lw.attn_norm.p(), n, D, c.rms_norm_eps, normed, false);
     note("attn_in", L, normed, false, D, {D});
-    attention(L, b, n, max_pos);
+    attention(L, n, max_pos);
     note("attn_out", L, out, false, D, {D});
     hc_post_cuda(ctx, hc, D, out, post, comb, n, X);
 
@@ -466,7 +466,7 @@ std::string CudaBackend::first_non_finite() {
 
 // The attention block of layer L over the step's rows (normed → out); the
 // order and math of model/attention.cpp.
-void CudaBackend::attention(int64_t L, const Batch& b, int64_t n, int64_t max_pos) {
+void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   const Config& c = m_.config;
   const cuda::DevLayer& lw = dm_->layers[size_t(L)];
   LayerState& ls = layers_[size_t(L)];
@@ -550,7 +550,6 @@ void CudaBackend::attention(int64_t L, const Batch& b, int64_t n, int64_t max_po
   float* u = P<float>(a.u);
   linear(lw.wo_a, o, true, n, u, H * hd, G * ol);
   linear(lw.wo_b, u, false, n, P<float>(a.out));
-  (void)b;
 }
 
 // y = w2 · (silu(min(w1·x, L)) ⊙ clamp(w3·x, −L, L)) for n rows (f32 x and y).
