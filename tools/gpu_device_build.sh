@@ -21,8 +21,8 @@ compile() {  # compile SRC OBJ
 }
 obj() { echo "$B/obj/$(echo "$1" | tr '/' '_').o"; }
 # The CPU reference ops (linear, norm, RoPE, mHC, compressor, attention, router), the
-# config (RoPE frequency tables) and what they need (quant/codec.cpp once linear.cpp uses it).
-CORE=(src/common/dtype.cpp src/backend/cpu/*.cpp src/model/config.cpp src/backend/cuda/*.cpp src/backend/cuda/*.cu)
+# config (RoPE frequency tables), the observer's tensor statistics and what they need (quant/codec.cpp once linear.cpp uses it).
+CORE=(src/common/dtype.cpp src/backend/cpu/*.cpp src/model/config.cpp src/model/observer.cpp src/backend/cuda/*.cpp src/backend/cuda/*.cu)
 [ -f src/quant/codec.cpp ] && CORE+=(src/quant/codec.cpp)
 TESTS=(tests/gpu/*.cpp "$TP/googletest/src/gtest-all.cc" "$TP/googletest/src/gtest_main.cc")
 CLI=(src/cli/main.cpp src/cli/cmd_bench.cpp)

@@ -14,12 +14,11 @@
 #include "common/error.h"
 #include "model/model.h"
 #include "ops/router.h"
+#include "ops/swiglu.h"
 
 namespace cm {
 
 namespace {
-
-inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
 
 // Adds weight[i] · expert(x[rows[i]]) to out[rows[i]] for the given rows.
 void expert_apply(const ExpertWeights& e, float limit, const float* x, int64_t D, const std::vector<int32_t>& rows,
@@ -30,14 +29,7 @@ void expert_apply(const ExpertWeights& e, float limit, const float* x, int64_t D
   for (int64_t i = 0; i < n; ++i) std::memcpy(&xs[size_t(i * D)], x + int64_t(rows[size_t(i)]) * D, size_t(D) * 4);
   linear_cpu(e.w1, xs.data(), n, g.data(), aq);
   linear_cpu(e.w3, xs.data(), n, u.data(), aq);
-  for (size_t j = 0; j < g.size(); ++j) {
-    float gv = g[j], uv = u[j];
-    if (limit > 0) {
-      gv = std::min(gv, limit);
-      uv = std::min(std::max(uv, -limit), limit);
-    }
-    g[j] = silu(gv) * uv;
-  }
+  swiglu_cpu(g.data(), u.data(), int64_t(g.size()), limit, g.data());
   linear_cpu(e.w2, g.data(), n, y.data(), aq);
   for (int64_t i = 0; i < n; ++i) {
     float* o = out + int64_t(rows[size_t(i)]) * D;
