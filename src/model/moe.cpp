@@ -15,28 +15,20 @@
 #include "common/error.h"
 #include "model/cpu_backend.h"
 #include "ops/router.h"
+#include "ops/swiglu.h"
 
 namespace cm {
 
 namespace {
 
-inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
-
-// y = w2 · act(w1·x, w3·x) for n rows of x (g, up: [n, I] scratch).
+// y = w2 · swiglu(w1·x, w3·x) for n rows of x (g, up: [n, I] scratch).
 void expert_forward(CpuBackend& be, const ExpertWeights& e, float limit, const float* x, int64_t n, float* g, float* up,
                     float* y) {
   const int64_t I = e.w1.out_features;
   be.linear(e.w1, x, n, g);
   be.linear(e.w3, x, n, up);
 #pragma omp parallel for schedule(static) if (n * I >= (int64_t(1) << 15))
-  for (int64_t j = 0; j < n * I; ++j) {
-    float gv = g[j], uv = up[j];
-    if (limit > 0) {
-      gv = std::min(gv, limit);
-      uv = std::min(std::max(uv, -limit), limit);
-    }
-    g[j] = silu(gv) * uv;
-  }
+  for (int64_t r = 0; r < n; ++r) swiglu_cpu(g + r * I, up + r * I, I, limit, g + r * I);
   be.linear(e.w2, g, n, y);
 }
 

@@ -109,8 +109,9 @@ void embed_rows_cuda(cuda::Context& ctx, const DeviceWeightView& w, const int32_
 // y[m, :] = x[m, :] · Wᵀ through cuBLAS with fp32 accumulation, for the
 // weights that stay BF16/F32 (router, compressor, indexer projections).
 // BF16 weights take bf16 x and write f32 or bf16 y; F32 weights take and
-// write f32. Rows are ldx / ldy elements apart.
+// write f32. Rows are ldx / ldy elements apart. y = alpha · x·Wᵀ (the
+// indexer's head weights fold their 1/sqrt(heads) in here).
 void linear_dense_cuda(cuda::Context& ctx, const DeviceWeightView& w, const void* x, bool x_bf16, int64_t m,
-                       int64_t ldx, void* y, bool y_bf16, int64_t ldy);
+                       int64_t ldx, void* y, bool y_bf16, int64_t ldy, float alpha = 1.0f);
 
 }  // namespace cm

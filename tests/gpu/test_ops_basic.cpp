@@ -1,5 +1,6 @@
 // GPU ops against their CPU ops on random inputs: embedding, RMSNorm (+RoPE),
-// RoPE, mHC pre/post/head, the router and the dense linears. Shapes include
+// RoPE, mHC pre/post/head, the router, the dense linears, SwiGLU and the
+// device tensor statistics. Shapes include
 // V4-Flash's (hidden 4096, hc 4, 64 heads × 512, rope 64, 256 experts top-6).
 // Metric: max|gpu − cpu| / max|cpu| (op_check.h); bounds:
 //  - f32 outputs of the same fp32 math in another summation order: 1e-5
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -21,7 +23,10 @@
 #include "ops/linear.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
+#include "model/observer.h"
 #include "ops/router.h"
+#include "ops/stats.h"
+#include "ops/swiglu.h"
 
 namespace cm {
 namespace {
@@ -287,7 +292,88 @@ TEST(GpuOps, DenseLinearsThroughCublas) {
       ctx.sync();
       expect_err("linear F32 -> f32", sh, max_rel(y.get(), ref), 1e-4);
       EXPECT_THROW(linear_dense_cuda(ctx, v, dx.get(), true, M, K, y.ptr(), false, N), Error);
+      // alpha scales the product (the indexer's 1/sqrt(heads))
+      linear_dense_cuda(ctx, v, dx.get(), false, M, K, y.ptr(), false, N, 0.125f);
+      std::vector<float> ref8 = ref;
+      for (float& f : ref8) f *= 0.125f;
+      ctx.sync();
+      expect_err("linear F32 alpha=1/8", sh, max_rel(y.get(), ref8), 1e-4);
     }
+  }
+}
+
+TEST(GpuOps, SwigluWithClampAndRowWeight) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  Rng r(7);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{7, 2048}, {3, 256}, {33, 64}}) {
+    // gate and up as the two halves of one fused output row, values past the limit 10
+    std::vector<float> gu = gputest::rand_f32(size_t(rows * 2 * cols), r, 15.0f);
+    std::vector<float> wt = gputest::rand_f32(size_t(rows), r, 0.5f, 1.0f);
+    cuda::DeviceBuffer dgu = to_device(gu), dwt = to_device(wt);
+    std::vector<float> ref(size_t(rows * cols));
+    for (int64_t row = 0; row < rows; ++row) {
+      swiglu_cpu(&gu[size_t(row * 2 * cols)], &gu[size_t(row * 2 * cols + cols)], cols, 10.0f, &ref[size_t(row * cols)]);
+      for (int64_t c = 0; c < cols; ++c) ref[size_t(row * cols + c)] *= wt[size_t(row)];
+    }
+    Guarded<float> hf(size_t(rows * cols));
+    Guarded<uint16_t> hb(size_t(rows * cols));
+    const float* g = dgu.as<float>();
+    swiglu_cuda(ctx, g, g + cols, 2 * cols, rows, cols, 10.0f, dwt.as<float>(), hf.ptr(), false);
+    swiglu_cuda(ctx, g, g + cols, 2 * cols, rows, cols, 10.0f, dwt.as<float>(), hb.ptr(), true);
+    ctx.sync();
+    const std::string sh = shape({{"rows", rows}, {"cols", cols}});
+    expect_err("swiglu -> f32", sh, max_rel(hf.get(), ref), 1e-5);
+    expect_err("swiglu -> bf16", sh, max_rel(gputest::bf16_vals(hb.get()), ref), 8e-3);
+  }
+}
+
+TEST(GpuOps, TensorStatsMatchTheCpuObserver) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  Rng r(8);
+  const int64_t T = 37, hc = 4, D = 4096;
+  std::vector<float> x = gputest::rand_f32(size_t(T * hc * D), r, 3.0f, 0.2f);
+  x[5] = NAN;
+  x[size_t(2 * D + 7)] = INFINITY;
+  x[size_t((3 * hc + 1) * D + 9)] = -INFINITY;
+  x[size_t((9 * hc + 1) * D)] = -1000.0f;  // the amax of stream 1
+  cuda::DeviceBuffer dx = to_device(x), out(sizeof(DeviceTensorStats) * (hc + 1)), out2(sizeof(DeviceTensorStats) * (hc + 1));
+  auto* o = out.as<DeviceTensorStats>();
+  auto* o2 = out2.as<DeviceTensorStats>();
+  tensor_stats_cuda(ctx, dx.as<float>(), 1, T * hc * D, T * hc * D, o);
+  tensor_stats_cuda(ctx, dx.as<float>(), 1, T * hc * D, T * hc * D, o2);
+  for (int64_t k = 0; k < hc; ++k) {
+    tensor_stats_cuda(ctx, dx.as<float>() + k * D, T, D, hc * D, o + 1 + k);
+    tensor_stats_cuda(ctx, dx.as<float>() + k * D, T, D, hc * D, o2 + 1 + k);
+  }
+  ctx.sync();
+  std::vector<DeviceTensorStats> got(size_t(hc + 1)), again(size_t(hc + 1));
+  out.download(got.data(), out.size());
+  out2.download(again.data(), out2.size());
+  EXPECT_EQ(0, std::memcmp(got.data(), again.data(), out.size())) << "stats differ between runs";
+  for (int64_t k = -1; k < hc; ++k) {
+    TensorStats ref;
+    if (k < 0) {
+      ref = tensor_stats(x.data(), T * hc * D);
+    } else {  // stream k over all tokens, as LayerStatsObserver combines them
+      double sum = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        TensorStats s = tensor_stats(&x[size_t((t * hc + k) * D)], D);
+        ref.amax = std::max(ref.amax, s.amax);
+        sum += s.mean * double(s.count);
+        ref.count += s.count;
+        ref.nan += s.nan;
+        ref.inf += s.inf;
+      }
+      ref.mean = sum / double(ref.count);
+    }
+    const DeviceTensorStats& g = got[size_t(k + 1)];
+    EXPECT_EQ(g.amax, ref.amax) << "segment " << k;
+    EXPECT_EQ(g.nan, ref.nan) << "segment " << k;
+    EXPECT_EQ(g.inf, ref.inf) << "segment " << k;
+    EXPECT_EQ(g.count, ref.count) << "segment " << k;
+    EXPECT_NEAR(g.sum / double(g.count), ref.mean, 1e-9 * std::max(1.0, std::fabs(ref.mean))) << "segment " << k;
   }
 }
 

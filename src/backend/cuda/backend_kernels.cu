@@ -44,18 +44,6 @@ __global__ void dense_linear_kernel(const void* w, bool w_bf16, int64_t N, int64
   if (lane == 0) store_out(y, y_bf16, m * ldy + n, acc * alpha);
 }
 
-__global__ void swiglu_kernel(const float* g, const float* u, int64_t n, float limit, float* h) {
-  pdl_wait_and_release();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float gv = g[i], uv = u[i];
-    if (limit > 0) {
-      gv = fminf(gv, limit);
-      uv = fminf(fmaxf(uv, -limit), limit);
-    }
-    h[i] = gv / (1.0f + expf(-gv)) * uv;
-  }
-}
-
 __global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) {
   pdl_wait_and_release();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -135,11 +123,6 @@ void dense_linear(Context& ctx, const void* w, bool w_bf16, int64_t N, int64_t K
   const dim3 grid(unsigned((N + kDenseWarps - 1) / kDenseWarps), unsigned(M));
   launch_kernel(ctx, dense_linear_kernel, grid, dim3(32 * kDenseWarps), 0, "dense_linear_kernel", w, w_bf16, N, K,
                 N / groups, x, x_bf16, ldx, y, y_bf16, ldy, alpha);
-}
-
-void swiglu(Context& ctx, const float* g, const float* u, int64_t n, float limit, float* h) {
-  if (n <= 0) return;
-  launch_kernel(ctx, swiglu_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, "swiglu_kernel", g, u, n, limit, h);
 }
 
 void add_f32(Context& ctx, const float* a, const float* b, int64_t n, float* y) {

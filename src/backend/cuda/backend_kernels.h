@@ -1,5 +1,5 @@
 // Small kernels of the CUDA model backend (cuda_backend.cu) that no op family
-// owns: casts, the batch-invariant dense linear, SwiGLU, sums, row gathers and
+// owns: casts, the batch-invariant dense linear, sums, row gathers and
 // the non-finite counts behind the step's error message. Plain C++ declarations
 // (device pointers), launched on the context's stream.
 #pragma once
@@ -19,9 +19,6 @@ void cast_f32_bf16(Context& ctx, const float* x, int64_t ldx, int64_t rows, int6
 // or bf16; y f32 or bf16.
 void dense_linear(Context& ctx, const void* w, bool w_bf16, int64_t N, int64_t K, int groups, const void* x,
                   bool x_bf16, int64_t M, int64_t ldx, void* y, bool y_bf16, int64_t ldy, float alpha);
-
-// h = silu(min(g, L)) · clamp(u, −L, L) (no clamp when limit <= 0), [n] elements, f32.
-void swiglu(Context& ctx, const float* g, const float* u, int64_t n, float limit, float* h);
 
 // y[i] = a[i] + b[i], f32.
 void add_f32(Context& ctx, const float* a, const float* b, int64_t n, float* y);

@@ -38,6 +38,7 @@
 #include "ops/norm.h"
 #include "ops/rope.h"
 #include "ops/router.h"
+#include "ops/swiglu.h"
 
 namespace cm {
 
@@ -558,7 +559,7 @@ void CudaBackend::expert(const cuda::DevExpert& e, const float* x, int64_t n, fl
   float *g = P<float>(act_.g), *up = P<float>(act_.up);
   linear(e.w1, x, false, n, g);
   linear(e.w3, x, false, n, up);
-  cuda::swiglu(*ctx_, g, up, n * I, m_.config.swiglu_limit, g);
+  swiglu_cuda(*ctx_, g, up, I, n, I, m_.config.swiglu_limit, nullptr, g, false);
   linear(e.w2, g, false, n, y);
 }
 

@@ -67,7 +67,7 @@ void embed_rows_cuda(cuda::Context& ctx, const DeviceWeightView& w, const int32_
 }
 
 void linear_dense_cuda(cuda::Context& ctx, const DeviceWeightView& w, const void* x, bool x_bf16, int64_t m,
-                       int64_t ldx, void* y, bool y_bf16, int64_t ldy) {
+                       int64_t ldx, void* y, bool y_bf16, int64_t ldy, float alpha) {
   const bool wbf = w.format == WeightFormat::BF16;
   CM_CU_CHECK(wbf || w.format == WeightFormat::F32, "linear_dense_cuda: weight format %s is not BF16/F32",
               weight_format_name(w.format));
@@ -80,7 +80,7 @@ void linear_dense_cuda(cuda::Context& ctx, const DeviceWeightView& w, const void
               (long long)w.cols, (long long)ldx, (long long)ldy);
   if (m <= 0) return;
   auto h = static_cast<cublasHandle_t>(ctx.cublas());
-  const float alpha = 1.f, beta = 0.f;
+  const float beta = 0.f;
   const cudaDataType_t it = wbf ? CUDA_R_16BF : CUDA_R_32F, ot = y_bf16 ? CUDA_R_16BF : CUDA_R_32F;
   cuda::check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(w.rows), int(m), int(w.cols), &alpha, w.data, it,
                                   int(w.cols), x, it, int(ldx), &beta, y, ot, int(ldy), CUBLAS_COMPUTE_32F,
