@@ -1,5 +1,10 @@
 // The engine seam on every device (the suite is tests/seam_suite.h) and the
-// CPU-only seam checks: chunking is bit-exact, bytes_per_slot and reserve limits.
+// CPU-only seam checks: chunking is bit-exact, bytes_per_slot and reserve limits, a reserved step
+// allocates nothing.
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
 #include "seam_suite.h"
 
 namespace seam_suite {
@@ -34,3 +39,44 @@ INSTANTIATE_TEST_SUITE_P(Devices, Seam, ::testing::Values(Device::CPU, Device::C
                          [](const ::testing::TestParamInfo<Device>& i) { return std::string(device_name(i.param)); });
 
 }  // namespace seam_suite
+
+// Every allocation of the test binary is counted while `g_count_allocs` is set:
+// a reserved CPU step (prefill and decode, with several slots) allocates nothing.
+namespace {
+std::atomic<bool> g_count_allocs{false};
+std::atomic<int64_t> g_allocs{0};
+}  // namespace
+
+void* operator new(size_t n) {
+  if (g_count_allocs.load(std::memory_order_relaxed)) g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+TEST(SeamCpu, StepAllocatesNothing) {
+  auto m = model_load(seam_suite::kData + "/golden_quant_nvfp4");
+  const int64_t V = m->config.vocab_size;
+  auto be = test::reserved_backend(*m, Device::CPU, 2, 16, 64);
+  std::vector<int32_t> tok(16, 7), pos(16), slot(16);
+  std::vector<uint8_t> want(16, 1);
+  std::vector<float> out(size_t(16 * V));
+  auto run = [&](int32_t n, int32_t s0_rows) {  // s0_rows rows of slot 0, the rest slot 1
+    for (int32_t i = 0; i < n; ++i) {
+      slot[size_t(i)] = i < s0_rows ? 0 : 1;
+      pos[size_t(i)] = int32_t(be->slot_pos(slot[size_t(i)]) + (i < s0_rows ? i : i - s0_rows));
+    }
+    be->step(Batch{n, tok.data(), pos.data(), slot.data(), want.data()}, out.data());
+  };
+  run(12, 5);  // warm-up: thread-local panels reach their size
+  g_allocs = 0;
+  g_count_allocs = true;
+  run(16, 9);  // prefill chunks of both slots
+  run(2, 1);   // one decode token each
+  const int64_t during_steps = g_allocs.load();
+  std::vector<int> probe(3);  // the counter itself works
+  g_count_allocs = false;
+  EXPECT_EQ(during_steps, 0);
+  EXPECT_EQ(g_allocs.load(), 1);
+}

@@ -19,6 +19,7 @@ struct EngineOptions {
   bool derive_input_scale = false; // --derive-input-scale (NVFP4)
   std::string act_quant = "none";  // --act-quant none|nvfp4
   int64_t ctx_size = 0;            // context a sequence may reach (0 = the model's, at most 4096)
+  std::string device = "auto";     // --device auto|cpu|cuda (auto: cuda when a GPU is present)
 };
 
 // Declares the shared flags on a subcommand. model_required: -m must be given.

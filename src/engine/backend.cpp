@@ -1,6 +1,8 @@
 // The parts of the seam every backend shares: batch validation and the factory.
 #include "engine/backend.h"
 
+#include <unistd.h>
+
 #include "common/error.h"
 #include "model/model.h"
 #if CLAWMINE_HAVE_CUDA
@@ -10,6 +12,14 @@
 namespace cm {
 
 std::unique_ptr<ModelBackend> make_cpu_backend(const Model& m, const BackendOptions& opt);
+
+bool gpu_present() {
+#ifdef CLAWMINE_HAVE_CUDA
+  return ::access("/dev/nvidiactl", F_OK) == 0 || ::access("/dev/nvidia0", F_OK) == 0;
+#else
+  return false;
+#endif
+}
 
 const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
 

@@ -119,11 +119,11 @@ void attention_block(CpuBackend& be, int64_t L, const float* x, float* out) {
       int64_t n_new = 0;
       const int64_t first = compressor_feed(*lw.compressor, ls.comp, m, cc, hd, eps, mdl.rope_compress, a.ckv.data(),
                                             a.cgate.data(), s, a, &n_new);
-      if (n_new > 0) be.note_slot("entries", L, s, ls.comp.entries + first * hd, n_new * hd, {n_new, hd});
+      if (n_new > 0) be.note_slot("entries", L, s, ls.comp.entries + first * hd, n_new, hd, {hd});
       if (kind == AttnKind::CSA) {
         const int64_t ifirst = compressor_feed(lw.indexer->comp, ls.index, m, 2, ihd, eps, mdl.rope_compress,
                                                a.ikv.data(), a.igate.data(), s, a, &n_new);
-        if (n_new > 0) be.note_slot("index_keys", L, s, ls.index.entries + ifirst * ihd, n_new * ihd, {n_new, ihd});
+        if (n_new > 0) be.note_slot("index_keys", L, s, ls.index.entries + ifirst * ihd, n_new, ihd, {ihd});
       }
     }
   }

@@ -189,25 +189,25 @@ void CpuBackend::linear(const LinearWeight& w, const float* x, int64_t m, float*
   linear_cpu_rows(w, row0, rows, x, ldx, m, y, ldy, opt_.act_quant);
 }
 
-void CpuBackend::note_slot(const char* what, int64_t layer, const Segment& s, const float* data, int64_t count,
-                           const std::vector<int64_t>& shape) {
-  const bool bad = first_bad_.empty() && any_non_finite(data, count);
+void CpuBackend::note_slot(const char* what, int64_t layer, const Segment& s, const float* data, int64_t rows,
+                           int64_t row_width, std::initializer_list<int64_t> inner) {
+  const bool bad = first_bad_.empty() && any_non_finite(data, rows * row_width);
   if (!opt_.observer && !bad) return;
   std::string name = layer >= 0 ? fmt::format("l{}.s{}.{}", layer, s.slot, what) : fmt::format("s{}.{}", s.slot, what);
   if (bad) first_bad_ = name;
-  if (opt_.observer) opt_.observer->observe(name, data, shape);
+  if (!opt_.observer) return;
+  std::vector<int64_t> shape{rows};
+  shape.insert(shape.end(), inner.begin(), inner.end());
+  opt_.observer->observe(name, data, shape);
 }
 
 void CpuBackend::note(const char* what, int64_t layer, const float* data, int64_t row_width,
-                      const std::vector<int64_t>& inner) {
-  const int64_t n = batch_->n;
-  if (!opt_.observer && !(first_bad_.empty() && any_non_finite(data, n * row_width))) return;
-  std::vector<int64_t> shape{0};
-  shape.insert(shape.end(), inner.begin(), inner.end());
+                      std::initializer_list<int64_t> inner) {
+  // One scan of the whole step first: the common case (no observer, all finite) costs one pass.
+  if (!opt_.observer && !(first_bad_.empty() && any_non_finite(data, batch_->n * row_width))) return;
   for (int64_t i = 0; i < act_.n_segs; ++i) {
     const Segment& s = act_.segs[size_t(i)];
-    shape[0] = s.n;
-    note_slot(what, layer, s, data + s.row0 * row_width, s.n * row_width, shape);
+    note_slot(what, layer, s, data + s.row0 * row_width, s.n, row_width, inner);
   }
 }
 

@@ -16,6 +16,7 @@
 // attention.cpp and moe.cpp the two blocks.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -115,9 +116,11 @@ class CpuBackend final : public ModelBackend {
 
   // Named intermediates: the observer (if any) sees each slot's rows as
   // "l<L>.s<slot>.<what>"; the first non-finite one is remembered for the error.
-  void note(const char* what, int64_t layer, const float* data, int64_t row_width, const std::vector<int64_t>& inner);
-  void note_slot(const char* what, int64_t layer, const Segment& s, const float* data, int64_t count,
-                 const std::vector<int64_t>& shape);
+  // (Shapes are initializer lists so that a step without an observer allocates nothing.)
+  void note(const char* what, int64_t layer, const float* data, int64_t row_width,
+            std::initializer_list<int64_t> inner);
+  void note_slot(const char* what, int64_t layer, const Segment& s, const float* data, int64_t rows,
+                 int64_t row_width, std::initializer_list<int64_t> inner);
 
   // y = x · W[row0 : row0+rows]ᵀ for m rows (x rows ldx apart, y rows ldy apart; 0 = dense)
   // with the backend's activation mode; the calibration observer sees x first.
