@@ -55,8 +55,10 @@ void* operator new(size_t n) {
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
 
+namespace seam_suite {
+
 TEST(SeamCpu, StepAllocatesNothing) {
-  auto m = model_load(seam_suite::kData + "/golden_quant_nvfp4");
+  auto m = model_load(kData + "/golden_quant_nvfp4");
   const int64_t V = m->config.vocab_size;
   auto be = test::reserved_backend(*m, Device::CPU, 2, 16, 64);
   std::vector<int32_t> tok(16, 7), pos(16), slot(16);
@@ -80,3 +82,5 @@ TEST(SeamCpu, StepAllocatesNothing) {
   EXPECT_EQ(during_steps, 0);
   EXPECT_EQ(g_allocs.load(), 1);
 }
+
+}  // namespace seam_suite
