@@ -2,13 +2,17 @@
 # Builds the GPU test binary and a bench-only clawmine on the device machine,
 # which has nvcc and cuBLAS but none of the Debian dev packages: fmt (header-
 # only), CLI11, nlohmann-json and GoogleTest sources travel in third_party/
-# (made by tools/gpu_sync.sh). Only the files the GPU code needs are compiled.
+# (made by tools/gpu_sync.sh). The engine library without the tokenizer, chat
+# and runtime (they need PCRE2, which the device lacks) is compiled: the model
+# loader, both model backends, the ops and the kernels, so the GPU test binary
+# runs the seam suite (tests/seam_suite.h) on the CUDA backend.
 # Usage: tools/gpu_device_build.sh [build-dir]   (run from the repo root)
 set -euo pipefail
 B=${1:-build-dev}
 mkdir -p "$B/obj"
 TP=third_party
 INC="-Isrc -I$TP/include -I$TP/googletest/include -I$TP/googletest -DFMT_HEADER_ONLY -DCLAWMINE_HAVE_CUDA=1"
+INC="$INC -DCLAWMINE_TEST_DATA=\"$PWD/tests/data\""
 NVCC="nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -Xcompiler=-fopenmp,-Wall"
 CUDA_INC=$(dirname "$(dirname "$(command -v nvcc)")")/include
 CXX="g++ -std=c++20 -O3 -fopenmp -Wall -Wextra -Wno-unused-parameter -I$CUDA_INC"
@@ -20,9 +24,10 @@ compile() {  # compile SRC OBJ
   esac
 }
 obj() { echo "$B/obj/$(echo "$1" | tr '/' '_').o"; }
-# The CPU reference linear and what it needs (quant/codec.cpp once linear.cpp uses it).
-CORE=(src/common/dtype.cpp src/backend/cpu/linear.cpp src/backend/cuda/*.cpp src/backend/cuda/*.cu)
-[ -f src/quant/codec.cpp ] && CORE+=(src/quant/codec.cpp)
+# The CPU reference ops, the checkpoint reader and model loader, both backends
+# behind the engine seam, and the CUDA kernels.
+CORE=(src/common/*.cpp src/io/*.cpp src/quant/*.cpp src/model/*.cpp src/engine/*.cpp src/backend/cpu/*.cpp
+      src/backend/cuda/*.cpp src/backend/cuda/*.cu)
 TESTS=(tests/gpu/*.cpp "$TP/googletest/src/gtest-all.cc" "$TP/googletest/src/gtest_main.cc")
 CLI=(src/cli/main.cpp src/cli/cmd_bench.cpp)
 pids=()

@@ -5,6 +5,9 @@
 
 #include "common/error.h"
 #include "model/model.h"
+#if CLAWMINE_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace cm {
 
@@ -47,9 +50,23 @@ void check_batch(const Batch& b, const CacheShape& shape, int64_t vocab, const i
   }
 }
 
+bool device_available(Device d) {
+  if (d == Device::CPU) return true;
+#if CLAWMINE_HAVE_CUDA
+  return cuda_backend_available();
+#else
+  return false;
+#endif
+}
+
 std::unique_ptr<ModelBackend> make_backend(const Model& m, Device d, const BackendOptions& opt) {
   if (d == Device::CPU) return make_cpu_backend(m, opt);
-  fail("--device cuda: the CUDA model backend is not available in this build");
+#if CLAWMINE_HAVE_CUDA
+  if (!cuda_backend_available()) fail("--device cuda: no CUDA device is present (the CPU backend is --device cpu)");
+  return make_cuda_backend(m, opt);
+#else
+  fail("--device cuda: the CUDA model backend is not available in this build (configured without CUDA)");
+#endif
 }
 
 }  // namespace cm

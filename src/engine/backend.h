@@ -79,6 +79,10 @@ class ModelBackend {
   virtual void step(const Batch& batch, float* logits_out) = 0;
 };
 
+// True when make_backend can make a backend for d here (CUDA: a CUDA build and a device present;
+// initialises CUDA to ask).
+bool device_available(Device d);
+
 // True when this build has the CUDA backend and the machine shows an NVIDIA
 // device node. Cheap: it does not initialise CUDA (a CPU run never pays for it).
 bool gpu_present();

@@ -14,33 +14,21 @@
 
 #include "common/error.h"
 #include "model/cpu_backend.h"
-#include "ops/compressor.h"
+#include "ops/router.h"
+#include "ops/swiglu.h"
 
 namespace cm {
 
 namespace {
 
-// PyTorch softplus (beta 1, threshold 20).
-inline float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }
-inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
-
-constexpr int64_t kMaxExperts = 4096;
-
-// y = w2 · act(w1·x, w3·x) for n rows of x (g, up: [n, I] scratch).
+// y = w2 · swiglu(w1·x, w3·x) for n rows of x (g, up: [n, I] scratch).
 void expert_forward(CpuBackend& be, const ExpertWeights& e, float limit, const float* x, int64_t n, float* g, float* up,
                     float* y) {
   const int64_t I = e.w1.out_features;
   be.linear(e.w1, x, n, g);
   be.linear(e.w3, x, n, up);
 #pragma omp parallel for schedule(static) if (n * I >= (int64_t(1) << 15))
-  for (int64_t j = 0; j < n * I; ++j) {
-    float gv = g[j], uv = up[j];
-    if (limit > 0) {
-      gv = std::min(gv, limit);
-      uv = std::min(std::max(uv, -limit), limit);
-    }
-    g[j] = silu(gv) * uv;
-  }
+  for (int64_t r = 0; r < n; ++r) swiglu_cpu(g + r * I, up + r * I, I, limit, g + r * I);
   be.linear(e.w2, g, n, y);
 }
 
@@ -48,26 +36,14 @@ void expert_forward(CpuBackend& be, const ExpertWeights& e, float limit, const f
 
 void moe_route(const Config& c, const LayerWeights& lw, const int32_t* tokens, const float* logits, int64_t T,
                int32_t* idx, float* weights) {
-  const int64_t E = c.n_routed_experts, K = c.n_experts_per_tok;
-  CM_CHECK(E <= kMaxExperts, "router: {} experts above {}", E, kMaxExperts);
-  const bool hash = !lw.tid2eid.empty();
-  float s[kMaxExperts], biased[kMaxExperts];
-  int32_t order[kMaxExperts], sel[kMaxExperts];
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t e = 0; e < E; ++e) s[e] = std::sqrt(softplus(logits[t * E + e]));
-    if (hash) {
-      std::copy(&lw.tid2eid[size_t(int64_t(tokens[t]) * K)], &lw.tid2eid[size_t(int64_t(tokens[t]) * K + K)], sel);
-    } else {
-      for (int64_t e = 0; e < E; ++e) biased[e] = s[e] + lw.gate_bias[size_t(e)];
-      topk_lower_index_first(biased, E, K, order, sel);
-    }
-    float sum = 0;
-    for (int64_t j = 0; j < K; ++j) sum += s[sel[j]];
-    for (int64_t j = 0; j < K; ++j) {
-      idx[t * K + j] = sel[j];
-      weights[t * K + j] = s[sel[j]] / (sum + 1e-20f) * float(c.routed_scaling_factor);
-    }
-  }
+  RouterParams p;
+  p.experts = c.n_routed_experts;
+  p.topk = c.n_experts_per_tok;
+  p.routed_scaling = float(c.routed_scaling_factor);
+  p.bias = lw.gate_bias.empty() ? nullptr : lw.gate_bias.data();
+  p.tid2eid = lw.tid2eid.empty() ? nullptr : lw.tid2eid.data();
+  p.vocab = c.vocab_size;
+  route_cpu(p, tokens, logits, T, idx, weights);
 }
 
 void moe_block(CpuBackend& be, int64_t L, const float* x, float* out) {

@@ -46,4 +46,15 @@ void hc_head_cpu(const HcHeadParams& p, const float* x, int64_t tokens, float* y
 void hc_head_cpu(const HcHeadParams& p, const float* x, int64_t tokens, float* y);
 size_t hc_head_scratch_floats(int64_t hc, int64_t dim, int64_t tokens);
 
+// --- CUDA (src/backend/cuda/hc.cu). Same math and layouts, all fp32; the
+// params' fn/base/scale and every array are device pointers. hc <= 4. ---
+namespace cuda {
+class Context;
+}
+void hc_pre_cuda(cuda::Context& ctx, const HcParams& p, const float* x, int64_t tokens, float* collapsed, float* post,
+                 float* comb);
+void hc_post_cuda(cuda::Context& ctx, int64_t hc, int64_t dim, const float* out, const float* post, const float* comb,
+                  int64_t tokens, float* x);
+void hc_head_cuda(cuda::Context& ctx, const HcHeadParams& p, const float* x, int64_t tokens, float* y);
+
 }  // namespace cm

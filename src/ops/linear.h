@@ -86,4 +86,32 @@ void linear_cpu_reserve(int64_t max_k, int64_t max_m);
 // Builds an owned F32 weight (tests, generated models).
 LinearWeight linear_from_f32(std::string name, int64_t n, int64_t k, const float* values);
 
+// --- CUDA (src/backend/cuda/dense_linear.cu); all pointers are device pointers. ---
+namespace cuda {
+class Context;
+}
+// A weight on the device in its stored layout (the checkpoint bytes copied as
+// they are): F32/BF16 [N, K]; NVFP4 data [N, K/2] with E4M3 scales [N, K/16]
+// and scale_2 (embeddings only).
+struct DeviceWeightView {
+  WeightFormat format = WeightFormat::BF16;
+  const void* data = nullptr;
+  const void* scale = nullptr;
+  float scale_2 = 1.0f;
+  int64_t rows = 0, cols = 0;  // N, K
+};
+// Embedding rows: x[t, k, :] = W[token[t], :] in fp32 for every stream k < hc,
+// bit-identical to linear_expand_row. Formats F32, BF16, NVFP4. A token
+// outside [0, rows) gives a NaN row (the host validates tokens first; the
+// non-finite check then names the embedding).
+void embed_rows_cuda(cuda::Context& ctx, const DeviceWeightView& w, const int32_t* tokens, int64_t n, int64_t hc,
+                     float* x);
+// y[m, :] = x[m, :] · Wᵀ through cuBLAS with fp32 accumulation, for the
+// weights that stay BF16/F32 (router, compressor, indexer projections).
+// BF16 weights take bf16 x and write f32 or bf16 y; F32 weights take and
+// write f32. Rows are ldx / ldy elements apart. y = alpha · x·Wᵀ (the
+// indexer's head weights fold their 1/sqrt(heads) in here).
+void linear_dense_cuda(cuda::Context& ctx, const DeviceWeightView& w, const void* x, bool x_bf16, int64_t m,
+                       int64_t ldx, void* y, bool y_bf16, int64_t ldy, float alpha = 1.0f);
+
 }  // namespace cm

@@ -7,4 +7,18 @@ namespace cm {
 
 void rms_norm_cpu(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y);
 
+// --- CUDA (src/backend/cuda/norm.cu); all pointers are device pointers. ---
+namespace cuda {
+class Context;
+}
+struct RopeView;
+// y[r] = w ⊙ x[r] / sqrt(mean(x[r]²) + eps) (w null: unweighted) over f32 rows,
+// written as f32 or bf16 (the cast for the next linear happens here). With a
+// rope, the trailing rope->rope_dim channels of the normed row are then rotated
+// at position pos[r / rows_per_pos] (per-head Q norm + RoPE, KV norm + RoPE).
+// x and y may be the same buffer when y is f32. dim <= 12288.
+void rms_norm_cuda(cuda::Context& ctx, const float* x, const float* w, int64_t rows, int64_t dim, float eps, void* y,
+                   bool y_bf16, const RopeView* rope = nullptr, const int32_t* pos = nullptr,
+                   int64_t rows_per_pos = 1);
+
 }  // namespace cm

@@ -71,5 +71,39 @@ TEST(GpuNvfp4Moe, FlashExpertShape) {
   }
 }
 
+// The top-k sum runs in a fixed order (no float atomics): the same step twice
+// gives the same bits, also with many tokens per expert and a PDL chain.
+TEST(GpuNvfp4Moe, SameInputsGiveSameBits) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  const int64_t hidden = 512, inter = 256;
+  const int count = 8, topk = 6, T = 64;
+  Experts ex = make_experts(count, hidden, inter, 41);
+  cuda::DeviceExperts dex = cuda::upload_experts(ptrs(ex.w1), ptrs(ex.w3), ptrs(ex.w2), 0, 10.0f);
+  Rng r(42);
+  std::vector<int32_t> ids(size_t(T * topk));
+  for (int t = 0; t < T; ++t)  // distinct experts per token, some outside the local range
+    for (int k = 0; k < topk; ++k) ids[size_t(t * topk + k)] = int32_t((t + 3 * k) % (count + 2));
+  std::vector<float> wts(ids.size());
+  for (auto& w : wts) w = 0.2f + r.uniform();
+  std::vector<uint16_t> xb;
+  std::vector<float> xf;
+  gputest::random_bf16(size_t(T * hidden), 43, 1.0f, xb, xf);
+  cuda::MoeScratch scratch(dex, T, topk);
+  cuda::DeviceBuffer dx(xb.size() * 2), dids(ids.size() * 4), dw(wts.size() * 4), dy(size_t(T * hidden) * 4);
+  dx.upload(xb.data(), xb.size() * 2);
+  dids.upload(ids.data(), ids.size() * 4);
+  dw.upload(wts.data(), wts.size() * 4);
+  std::vector<uint32_t> first, again(size_t(T * hidden));
+  for (int run = 0; run < 3; ++run) {
+    cuda::moe_nvfp4(ctx, dex, scratch, dx.as<const uint16_t>(), T, dids.as<const int32_t>(), dw.as<const float>(),
+                    dy.as<float>());
+    ctx.sync();
+    dy.download(again.data(), again.size() * 4);
+    if (run == 0) first = again;
+    else EXPECT_EQ(first, again) << "run " << run << " differs from run 0";
+  }
+}
+
 }  // namespace
 }  // namespace cm

@@ -3,9 +3,11 @@
 //   h = silu(min(x.w1^T, L)) * clamp(x.w3^T, -L, L) * w_k   (fp32, then bf16)
 //   y[t] += h . w2^T                                         (fp32)
 // i.e. the routing weight is applied before w2, as the official code does.
-// Three launches, no host synchronisation (CUDA-graph capturable): a routing
-// kernel builds the per-expert token lists on the device, then a fused
-// gate/up + SwiGLU kernel and a down kernel run over the routed experts only.
+// Four launches, no host synchronisation (CUDA-graph capturable): a routing
+// kernel builds the per-expert token lists on the device, a fused gate/up +
+// SwiGLU kernel and a down kernel run over the routed experts only, and a
+// combine kernel sums each token's top-k rows in k order (no float atomics:
+// the same inputs give the same bits).
 // Experts [first, first+count) live on this device; ids outside contribute nothing.
 #pragma once
 #include <cstdint>
@@ -31,10 +33,11 @@ DeviceExperts upload_experts(const std::vector<const LinearWeight*>& gate, const
                              const std::vector<const LinearWeight*>& down, int first, float swiglu_limit);
 DeviceExperts random_experts(int64_t hidden, int64_t inter, int first, int count, uint64_t seed);
 
-// Device scratch for up to max_tokens tokens with top-k routing.
+// Device scratch for up to max_tokens tokens with top-k routing
+// (max_tokens·topk·(2·inter + 4·hidden + 8) bytes and the expert lists).
 struct MoeScratch {
   int max_tokens = 0, topk = 0;
-  DeviceBuffer offsets, active, sorted_tok, sorted_w, h;
+  DeviceBuffer offsets, active, sorted_tok, sorted_w, h, yk;
   MoeScratch(const DeviceExperts& e, int max_tokens, int topk);
 };
 

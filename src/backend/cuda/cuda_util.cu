@@ -4,6 +4,10 @@
 
 #include "backend/cuda/cuda_util.h"
 
+#include <algorithm>
+
+#include "backend/cuda/kernel_setup.h"
+
 namespace cm::cuda {
 
 void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
@@ -65,7 +69,7 @@ void* Arena::take(size_t bytes, size_t align) {
   return static_cast<char*>(buf_.get()) + start;
 }
 
-Context::Context(int device, bool pdl) : pdl_(pdl) {
+Context::Context(int device, bool pdl, size_t panel_bytes) : device_(device), pdl_(pdl) {
   CM_CU_CHECK(device_count() > device, "no CUDA device %d (found %d)", device, device_count());
   CM_CUDA(cudaSetDevice(device));
   // A blocking stream: it stays ordered with work on the legacy default stream (uploads, fills).
@@ -78,6 +82,46 @@ Context::Context(int device, bool pdl) : pdl_(pdl) {
   // An explicit workspace keeps cuBLAS calls capturable in CUDA graphs.
   cublas_ws_.alloc(size_t(64) << 20);
   check_cublas(cublasSetWorkspace(h, cublas_ws_.get(), cublas_ws_.size()), "cublasSetWorkspace");
+  // Per-device kernel setup: attributes and occupancies belong to this device.
+  setup_nvfp4_decode_kernels(setup_);
+  setup_fp8_decode_kernels(setup_);
+  setup_wgmma_kernels();
+  setup_attention_kernels(device);
+  Workspace w = default_workspace(sm_count_, setup_);
+  w.panel_bytes = panel_bytes;
+  reserve_workspace(w);
+}
+
+Workspace Context::default_workspace(int sm_count, const KernelSetup& setup) {
+  const size_t sms = size_t(std::max(sm_count, 1));
+  int occ = 1;
+  for (int i = 0; i < 3; ++i) occ = std::max({occ, setup.nvfp4_decode_occupancy[i], setup.fp8_decode_occupancy[i]});
+  Workspace w;
+  // decode (choose_splitk): a split matrix has ksplit·row_blocks <= SMs·occupancy tiles of 128·MT (MT <= 4)
+  // floats and fewer than 8·SMs row blocks (one counter each); wgmma: ksplit·tiles <= 2·SMs of 128 × 256.
+  w.splitk_floats = std::max(sms * size_t(occ) * 128 * 4, 2 * sms * 128 * 256);
+  w.splitk_counters = std::max(8 * sms, 2 * sms);
+  return w;
+}
+
+void Context::reserve_workspace(const Workspace& w) {
+  if (w.splitk_floats > ws_.splitk_floats) {
+    sync();
+    partials_.alloc(w.splitk_floats * 4);
+    ws_.splitk_floats = w.splitk_floats;
+  }
+  if (w.splitk_counters > ws_.splitk_counters) {
+    sync();
+    counters_.alloc(w.splitk_counters * 4);
+    CM_CUDA(cudaMemsetAsync(counters_.get(), 0, w.splitk_counters * 4, stream_));
+    sync();
+    ws_.splitk_counters = w.splitk_counters;
+  }
+  if (w.panel_bytes > ws_.panel_bytes) {
+    sync();
+    panel_.alloc(w.panel_bytes);
+    ws_.panel_bytes = w.panel_bytes;
+  }
 }
 
 Context::~Context() {
@@ -88,27 +132,24 @@ Context::~Context() {
 void Context::sync() { CM_CUDA(cudaStreamSynchronize(stream_)); }
 
 float* Context::splitk_partials(size_t floats) {
-  if (partials_.size() < floats * 4) {
-    sync();
-    partials_.alloc(floats * 4);
-  }
+  CM_CU_CHECK(floats <= ws_.splitk_floats,
+              "split-K workspace too small: a linear needs %zu floats, %zu reserved (Context::reserve_workspace)",
+              floats, ws_.splitk_floats);
   return partials_.as<float>();
 }
 
 unsigned* Context::splitk_counters(size_t n) {
-  if (counters_.size() < n * 4) {
-    sync();
-    counters_.alloc(n * 4);
-    CM_CUDA(cudaMemsetAsync(counters_.get(), 0, n * 4, stream_));
-  }
+  CM_CU_CHECK(n <= ws_.splitk_counters,
+              "split-K counters too few: a linear needs %zu, %zu reserved (Context::reserve_workspace)", n,
+              ws_.splitk_counters);
   return counters_.as<unsigned>();
 }
 
 void* Context::panel_scratch(size_t bytes) {
-  if (panel_.size() < bytes) {
-    sync();
-    panel_.alloc(bytes);
-  }
+  CM_CU_CHECK(bytes <= ws_.panel_bytes,
+              "weight panel scratch too small: a prefill linear needs %zu bytes, %zu reserved "
+              "(Context::reserve_workspace)",
+              bytes, ws_.panel_bytes);
   return panel_.get();
 }
 

@@ -75,6 +75,22 @@ class Arena {
   size_t used_ = 0;
 };
 
+// Per-device values the kernels need, measured once when the Context is made
+// (kernel_setup.h), never held in process-wide statics.
+struct KernelSetup {
+  int nvfp4_decode_occupancy[3] = {};  // split-K decode kernel, MT = 1, 2, 4
+  int fp8_decode_occupancy[3] = {};
+};
+
+// Scratch the linear kernels share. Reserved up front; a call that needs more
+// is an error naming the buffer, never a reallocation inside a call (a grown
+// buffer would free memory a captured CUDA graph still points to).
+struct Workspace {
+  size_t splitk_floats = 0;    // split-K partial tiles (f32)
+  size_t splitk_counters = 0;  // per-tile arrival counters
+  size_t panel_bytes = 0;      // dequantised BF16 weight panels (prefill through cuBLAS)
+};
+
 // Everything a kernel launch needs besides its operands. One per stream:
 // the split-K workspace and counters are reused by consecutive launches on
 // that stream and must not be shared between streams.
@@ -84,7 +100,9 @@ class Context {
   // kernel starts (and prefetches its weights into L2) while the previous
   // kernel on the stream finishes; its activations are read only after
   // griddepcontrol.wait. Off = plain stream order (bench --no-pdl).
-  explicit Context(int device = 0, bool pdl = true);
+  // The workspace starts at what any single linear's split-K can use on this
+  // device (default_workspace) plus panel_bytes of panel scratch.
+  explicit Context(int device = 0, bool pdl = true, size_t panel_bytes = size_t(256) << 20);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -95,8 +113,21 @@ class Context {
   int sm_count() const { return sm_count_; }
   bool pdl() const { return pdl_; }
 
+  int device() const { return device_; }
+  const KernelSetup& setup() const { return setup_; }
+
+  // Grows the workspace to at least w (synchronises the stream; call between
+  // steps, never while capturing a graph).
+  void reserve_workspace(const Workspace& w);
+  const Workspace& workspace() const { return ws_; }
+  // The split-K bound of the linear kernels on this device: a decode kernel
+  // splits K over at most SMs·occupancy CTAs (tiles of 16 rows × 32 tokens),
+  // the wgmma kernel over at most 2·SMs tiles of 128 × 256.
+  static Workspace default_workspace(int sm_count, const KernelSetup& setup);
+
   // Split-K partial sums (f32) and per-tile arrival counters (kept at zero
-  // between launches by the kernels themselves).
+  // between launches by the kernels themselves). Throw when the reserved
+  // workspace is smaller than asked.
   float* splitk_partials(size_t floats);
   unsigned* splitk_counters(size_t n);
   // Scratch for dequantized weight panels (prefill path through cuBLAS).
@@ -105,8 +136,11 @@ class Context {
  private:
   cudaStream_t stream_ = nullptr;
   void* cublas_ = nullptr;
+  int device_ = 0;
   int sm_count_ = 0;
   bool pdl_ = true;
+  KernelSetup setup_;
+  Workspace ws_;
   DeviceBuffer partials_, counters_, panel_, cublas_ws_;
 };
 

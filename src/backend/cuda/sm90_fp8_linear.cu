@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_fp8_linear.h"
 #include "backend/cuda/fp8_pack.h"
+#include "backend/cuda/kernel_setup.h"
 #include "backend/cuda/linear_host.cuh"
 #include "backend/cuda/sm90_fp8.cuh"
 #include "backend/cuda/sm90_splitk.cuh"
@@ -147,9 +148,7 @@ void launch_decode(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
                   p);
     return;
   }
-  static int occupancy = 0;
-  if (occupancy == 0)
-    CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, fp8_decode_kernel<MT, true>, 128, 0));
+  const int occupancy = ctx.setup().fp8_decode_occupancy[MT == 1 ? 0 : MT == 2 ? 1 : 2];
   const SplitK sk = choose_splitk(ctx.sm_count(), occupancy, w.row_blocks, w.chunks);
   p.ksplit = int(sk.ksplit);
   p.chunks_per_split = int(sk.per);
@@ -170,6 +169,12 @@ void decode_slices(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
 }
 
 }  // namespace
+
+void setup_fp8_decode_kernels(KernelSetup& s) {
+  CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.fp8_decode_occupancy[0], fp8_decode_kernel<1, true>, 128, 0));
+  CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.fp8_decode_occupancy[1], fp8_decode_kernel<2, true>, 128, 0));
+  CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.fp8_decode_occupancy[2], fp8_decode_kernel<4, true>, 128, 0));
+}
 
 DeviceFp8Linear upload_fp8(const LinearWeight& w, int groups) {
   Fp8Packed p = pack_fp8(w);

@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/kernel_setup.h"
 #include "backend/cuda/linear_host.cuh"
 #include "backend/cuda/sm90_nvfp4.cuh"
 #include "backend/cuda/sm90_splitk.cuh"
@@ -181,9 +182,7 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
     return;
   }
   // Split K so that about one wave of CTAs covers the matrix (linear_host.cuh).
-  static int occupancy = 0;
-  if (occupancy == 0)
-    CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, nvfp4_decode_kernel<MT, true>, 128, 0));
+  const int occupancy = ctx.setup().nvfp4_decode_occupancy[MT == 1 ? 0 : MT == 2 ? 1 : 2];
   const SplitK sk = choose_splitk(ctx.sm_count(), occupancy, w.row_blocks, w.chunks);
   p.ksplit = int(sk.ksplit);
   p.chunks_per_split = int(sk.per);
@@ -196,6 +195,12 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
 }
 
 }  // namespace
+
+void setup_nvfp4_decode_kernels(KernelSetup& s) {
+  CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.nvfp4_decode_occupancy[0], nvfp4_decode_kernel<1, true>, 128, 0));
+  CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.nvfp4_decode_occupancy[1], nvfp4_decode_kernel<2, true>, 128, 0));
+  CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.nvfp4_decode_occupancy[2], nvfp4_decode_kernel<4, true>, 128, 0));
+}
 
 DeviceLinear upload_nvfp4(const LinearWeight& w, int groups) {
   Nvfp4Packed p = pack_nvfp4(w);

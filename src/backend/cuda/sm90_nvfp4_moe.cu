@@ -1,17 +1,21 @@
 // Grouped NVFP4 MoE decode kernels (see cuda_moe.h).
 //
 // route:   one CTA counts tokens per local expert, scans the counts into
-//          offsets and a compact list of active experts, and scatters the
-//          (token, weight) pairs into expert-major order. Everything stays
-//          on the device.
+//          offsets and a compact list of active experts, and lists the
+//          (token·topk + k, weight) pairs in expert-major order, each
+//          expert's in token order (thread e scans the ids in order: the
+//          same routing always gives the same lists). Everything stays on
+//          the device.
 // gate_up: grid (inter/16 row blocks, max active experts). A CTA whose slot
 //          is beyond the active count exits; otherwise its 4 warps split K and
 //          stream the gate and up rows of one 16-row block together, so the
 //          clamped SwiGLU and the routing weight are applied in the epilogue
-//          and h (bf16, expert-major) is written once. It also zeroes y.
+//          and h (bf16, expert-major) is written once.
 // down:    grid (hidden/16 row blocks, max active experts); reads h rows of
-//          its expert's tokens and adds into y[token] with fp32 atomics (the
-//          top-k sum; the order of the k additions is not fixed).
+//          its expert's tokens and stores each (token, k) result in its own
+//          f32 row of the scratch yk [T·topk, hidden] (no atomics).
+// combine: y[t] = Σ_k yk[t·topk + k] over the k with a local expert, in k
+//          order: the same step gives the same bits.
 // Token groups of 16 per pass; an expert with more tokens loops (weights are
 // then re-read from L2).
 #include <cuda_bf16.h>
@@ -21,6 +25,7 @@
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/nvfp4_pack.h"
+#include "backend/cuda/ops_device.cuh"
 #include "backend/cuda/sm90_nvfp4.cuh"
 
 namespace cm::cuda {
@@ -40,40 +45,12 @@ struct MoeParams {
   const float* weights;
   int* offsets;  // [count + 2]: offsets[e], offsets[count] = total, offsets[count+1] = active count
   int* active;   // [count]
-  int* sorted_tok;
+  int* sorted_tok;   // the (token, k) slot t·topk + k of each expert-major row
   float* sorted_w;
   __nv_bfloat16* h;  // [T*topk, inter]
+  float* yk;         // [T*topk, hidden]: one row per (token, k)
   float* y;          // [T, hidden]
 };
-
-// Exclusive block scan of v (blockDim.x = 1024). tmp: 33 ints of shared memory.
-__device__ int block_excl_scan(int v, int* tmp, int& total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int incl = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int n = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += n;
-  }
-  if (lane == 31) tmp[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    const int w = lane < int(blockDim.x >> 5) ? tmp[lane] : 0;
-    int wi = w;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int n = __shfl_up_sync(0xffffffffu, wi, o);
-      if (lane >= o) wi += n;
-    }
-    tmp[lane] = wi - w;
-    if (lane == 31) tmp[32] = wi;
-  }
-  __syncthreads();
-  const int r = incl - v + tmp[warp];
-  total = tmp[32];
-  __syncthreads();
-  return r;
-}
 
 __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeParams p) {
   // PDL: wait for the kernel that produced ids/weights (and for the previous
@@ -82,7 +59,6 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeParams p) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
   __shared__ int cnt[1024];
-  __shared__ int fill[1024];
   __shared__ int tmp[33];
   const int e = threadIdx.x;
   if (e < p.count) cnt[e] = 0;
@@ -95,11 +71,10 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeParams p) {
   __syncthreads();
   const int c = e < p.count ? cnt[e] : 0;
   int total = 0, nact = 0;
-  const int off = block_excl_scan(c, tmp, total);
-  const int aoff = block_excl_scan(c > 0 ? 1 : 0, tmp, nact);
+  const int off = dev::block_excl_scan(c, tmp, total);
+  const int aoff = dev::block_excl_scan(c > 0 ? 1 : 0, tmp, nact);
   if (e < p.count) {
     p.offsets[e] = off;
-    fill[e] = off;
     if (c > 0) p.active[aoff] = e;
   }
   if (threadIdx.x == 0) {
@@ -107,13 +82,14 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeParams p) {
     p.offsets[p.count + 1] = nact;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int le = p.ids[i] - p.first;
-    if (le >= 0 && le < p.count) {
-      const int pos = atomicAdd(&fill[le], 1);
-      p.sorted_tok[pos] = i / p.topk;
-      p.sorted_w[pos] = p.weights[i];
-    }
+  if (e < p.count && c > 0) {  // this expert's slots in (token, k) order
+    int pos = off;
+    for (int i = 0; i < n; ++i)
+      if (p.ids[i] - p.first == e) {
+        p.sorted_tok[pos] = i;
+        p.sorted_w[pos] = p.weights[i];
+        ++pos;
+      }
   }
 }
 
@@ -126,11 +102,6 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(const MoeParams p) {
   // let the down kernel launch into the SM slots this grid leaves free.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
-  {  // zero y for the down kernel's atomics
-    const int64_t nthreads = int64_t(gridDim.x) * gridDim.y * blockDim.x;
-    const int64_t tid = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
-    for (int64_t i = tid; i < int64_t(p.T) * p.hidden; i += nthreads) p.y[i] = 0.f;
-  }
   const int slot = blockIdx.y;
   if (slot >= p.offsets[p.count + 1]) return;
   const int e = p.active[slot];
@@ -156,7 +127,7 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(const MoeParams p) {
     for (int mt = 0; mt < kMT; ++mt) {
       const int n = g0 + g + 8 * mt;
       xok[mt] = n < cnt;
-      xrow[mt] = p.x + int64_t(xok[mt] ? p.sorted_tok[off + n] : 0) * p.hidden + 16 * t;
+      xrow[mt] = p.x + int64_t(xok[mt] ? p.sorted_tok[off + n] / p.topk : 0) * p.hidden + 16 * t;
     }
     float acc[2][kMT][4] = {};
     warp_kloop<kMT, U, 2, false>(wb, sb, xrow, xok, warp, p.ch13, 4, p.hidden, t, acc);
@@ -186,7 +157,10 @@ __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
   // read them with ld.cg). Pull this CTA's down weights into L2 meanwhile, and
   // wait for gate/up (h, the zeroed y) before the k loop.
   const int slot = blockIdx.y;
-  if (slot >= __ldcg(p.offsets + p.count + 1)) return;
+  if (slot >= __ldcg(p.offsets + p.count + 1)) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // every PDL grid waits before it exits
+    return;
+  }
   const int e = __ldcg(p.active + slot);
   const int rb = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -196,6 +170,8 @@ __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.s2 + wo), "r"(uint32_t(p.ch2 * 64)) : "memory");
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  // gate/up is complete: let the combine kernel launch into the free slots.
+  asm volatile("griddepcontrol.launch_dependents;");
   const int off = __ldcg(p.offsets + e), cnt = __ldcg(p.offsets + e + 1) - off;
   const uint4* const wb[1] = {p.w2 + wo + lane};
   const uint16_t* const sb[1] = {p.s2 + wo + g * 4 + t};
@@ -218,9 +194,25 @@ __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
     for (int q = 0; q < kMT; ++q) {
       const int v = threadIdx.x + 128 * q;
       const int n = g0 + v / 16;
-      if (n < cnt) atomicAdd(&p.y[int64_t(p.sorted_tok[off + n]) * p.hidden + rb * 16 + v % 16], vals[q] * sc);
+      if (n < cnt) p.yk[int64_t(p.sorted_tok[off + n]) * p.hidden + rb * 16 + v % 16] = vals[q] * sc;
     }
   }
+}
+
+// y[t, d] = Σ_k yk[t·topk + k, d] over the k routed to a local expert, in k
+// order (a fixed order: the top-k sum is deterministic).
+__global__ void moe_combine_kernel(const MoeParams p) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(p.T) * p.hidden) return;
+  const int64_t t = i / p.hidden, d = i % p.hidden;
+  float s = 0.f;
+  for (int k = 0; k < p.topk; ++k) {
+    const int le = p.ids[t * p.topk + k] - p.first;
+    if (le >= 0 && le < p.count) s += p.yk[(t * p.topk + k) * p.hidden + d];
+  }
+  p.y[i] = s;
 }
 
 void upload_packed(DeviceBuffer& data, DeviceBuffer& scales, const std::vector<const LinearWeight*>& ws, int64_t N,
@@ -291,6 +283,7 @@ MoeScratch::MoeScratch(const DeviceExperts& e, int max_tokens_, int topk_) : max
   sorted_tok.alloc(slots * 4);
   sorted_w.alloc(slots * 4);
   h.alloc(slots * size_t(e.inter) * 2);
+  yk.alloc(slots * size_t(e.hidden) * 4);
 }
 
 void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16_t* x, int T, const int32_t* ids,
@@ -324,6 +317,7 @@ void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16
   p.sorted_tok = s.sorted_tok.as<int>();
   p.sorted_w = s.sorted_w.as<float>();
   p.h = s.h.as<__nv_bfloat16>();
+  p.yk = s.yk.as<float>();
   p.y = y;
   const unsigned max_active = unsigned(std::min<int64_t>(int64_t(T) * s.topk, e.count));
   launch_kernel(ctx, moe_route_kernel, dim3(1), dim3(1024), 0, "moe_route_kernel", p);
@@ -336,6 +330,8 @@ void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16
     launch_kernel(ctx, moe_gate_up_kernel<2>, g1, dim3(128), 0, "moe_gate_up_kernel", p);
     launch_kernel(ctx, moe_down_kernel<2>, g2, dim3(128), 0, "moe_down_kernel", p);
   }
+  const int64_t outs = int64_t(T) * e.hidden;
+  launch_kernel(ctx, moe_combine_kernel, dim3(unsigned((outs + 255) / 256)), dim3(256), 0, "moe_combine_kernel", p);
 }
 
 }  // namespace cm::cuda

@@ -30,6 +30,7 @@
 #include <mutex>
 
 #include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/kernel_setup.h"
 #include "backend/cuda/sm90_nvfp4.cuh"
 #include "backend/cuda/sm90_wgmma.cuh"
 
@@ -383,11 +384,6 @@ void launch(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, i
   const size_t es = out == OutType::BF16 ? 2 : 4;
   p.y_vec = (ldy % 4 == 0) && (reinterpret_cast<uintptr_t>(y) % (4 * es) == 0);
   p.out_scale = kEpilogueFactor * w.scale_2;
-  static bool configured = false;  // per BN instantiation
-  if (!configured) {
-    CM_CUDA(cudaFuncSetAttribute(nvfp4_wgmma_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem));
-    configured = true;
-  }
   const int64_t per = (w.chunks + ksplit - 1) / ksplit;
   ksplit = (w.chunks + per - 1) / per;
   p.ksplit = int(ksplit);
@@ -403,6 +399,12 @@ void launch(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, i
 }
 
 }  // namespace
+
+void setup_wgmma_kernels() {
+  CM_CUDA(cudaFuncSetAttribute(nvfp4_wgmma_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile<64>::kSmem));
+  CM_CUDA(cudaFuncSetAttribute(nvfp4_wgmma_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile<128>::kSmem));
+  CM_CUDA(cudaFuncSetAttribute(nvfp4_wgmma_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile<256>::kSmem));
+}
 
 bool wgmma_nvfp4_supported(const DeviceLinear& w, int64_t M) {
   if (M <= 0 || M >= (int64_t(1) << 31)) return false;

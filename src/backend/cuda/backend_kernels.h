@@ -1,0 +1,48 @@
+// Small kernels of the CUDA model backend (cuda_backend.cu) that no op family
+// owns: casts, the batch-invariant dense linear, sums, row gathers and
+// the non-finite counts behind the step's error message. Plain C++ declarations
+// (device pointers), launched on the context's stream.
+#pragma once
+#include <cstdint>
+
+namespace cm::cuda {
+
+class Context;
+
+// y[r, c] = bf16(x[r, c]) for r < rows, c < cols (rows ldx / ldy apart).
+void cast_f32_bf16(Context& ctx, const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* y, int64_t ldy);
+
+// y[m, n] = alpha · Σ_k x[m, g·K + k] · W[n, k], g = n / (N / groups): one warp
+// per output, lanes over k in a fixed order, then a fixed shuffle tree. Each
+// output depends only on its own row of x, so a row gets the same bits in any
+// batch (cuBLAS picks kernels by M and would not). W f32 or bf16 [N, K]; x f32
+// or bf16; y f32 or bf16.
+void dense_linear(Context& ctx, const void* w, bool w_bf16, int64_t N, int64_t K, int groups, const void* x,
+                  bool x_bf16, int64_t M, int64_t ldx, void* y, bool y_bf16, int64_t ldy, float alpha);
+
+// y[i] = a[i] + b[i], f32.
+void add_f32(Context& ctx, const float* a, const float* b, int64_t n, float* y);
+// x[i] *= s, f32.
+void scale_f32(Context& ctx, float* x, int64_t n, float s);
+
+// x[i] = v where x[i] is NaN (before the router: its arg-max finds no expert among NaN scores; the
+// non-finite count has already named the intermediate, the step will throw after it ends).
+void replace_nan(Context& ctx, float* x, int64_t n, float v);
+
+// y[t, :] += a[t] · x[t, :] for t < T (the dense-expert MoE adds expert e's rows, weight 0 for rows that
+// did not pick e, in ascending expert order as the CPU does).
+void axpy_rows(Context& ctx, const float* a, const float* x, int64_t T, int64_t D, float* y);
+// w_e[t] = Σ_k [id[t, k] == e] · w[t, k] (0 when row t does not use expert e), for all e < E: [E, T].
+void moe_expert_weights(Context& ctx, const int32_t* ids, const float* w, int64_t T, int64_t topk, int64_t E, float* we);
+
+// y[r] = x[rows[r]] for r < R, rows of `width` floats.
+void gather_rows(Context& ctx, const float* x, const int32_t* rows, int64_t R, int64_t width, float* y);
+
+// out[t, j] = j < topk and idx[t, j] >= 0 ? score[t, idx[t, j]] : 0 (the indexer's chosen scores).
+void gather_scores(Context& ctx, const float* score, int64_t ld, const int32_t* idx, int64_t T, int64_t topk,
+                   float* out);
+
+// count[r] = number of NaN/Inf values among x[r, 0:width] (f32 or bf16 rows), for r < rows.
+void count_non_finite(Context& ctx, const void* x, bool x_bf16, int64_t rows, int64_t width, int32_t* count);
+
+}  // namespace cm::cuda

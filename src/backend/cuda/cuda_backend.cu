@@ -1,0 +1,624 @@
+// DeepSeek-V4 step on the GPU (see cuda_backend.h), in the order of the CPU
+// step (model/cpu_backend.cpp):
+//
+//   X[t, k, :] = embed[token_t]                          k < hc
+//   per layer:  a = HCPre_attn(X);  X = HCPost(Attention(RMSNorm(a)), X)
+//               f = HCPre_ffn(X);   X = HCPost(MoE(RMSNorm(f), tokens), X)
+//   y = RMSNorm(HCHead(X));  logits = y · headᵀ   (rows that ask for logits)
+//
+// Batch invariance: every kernel computes a row (or a slot's state) from that
+// row alone, with one fixed arithmetic whatever the batch: the linears run the
+// decode kernels for every M (the prefill kernels are chosen by M; their split
+// of K also follows the weight alone while K has fewer than 16 chunks of 64),
+// dense BF16/F32 weights take a one-warp-per-output kernel instead of cuBLAS,
+// and the MoE sums each token's experts in a fixed order. So a sequence's
+// logits are the same bits alone and in any mixed batch, and two runs of the
+// same step are the same bits.
+//
+// Non-finite values: after each named intermediate a kernel counts the NaN/Inf
+// values per row into a reserved buffer; only when the logits come back
+// non-finite is that buffer read, to name the first intermediate (and slot)
+// that went non-finite, as the CPU backend does.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "backend/cuda/backend_kernels.h"
+#include "backend/cuda/cuda_errors.h"
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/device_model.h"
+#include "ops/attention.h"
+#include "ops/compressor.h"
+#include "ops/hc.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+#include "ops/router.h"
+#include "ops/swiglu.h"
+
+namespace cm {
+
+using cuda::DeviceBuffer;
+using cuda::DevLinear;
+using cuda::Context;
+
+namespace {
+
+// Per layer, all slots: views into the state buffer, slot-major.
+struct LayerState {
+  uint16_t* window = nullptr;  // bf16 [S, W, hd]
+  CompressorStateView comp, index;
+};
+
+// One contiguous per-slot piece of the state (copy_slot copies each).
+struct StateRegion {
+  char* base = nullptr;
+  size_t bytes_per_slot = 0;
+};
+
+// A named intermediate of this step: the count buffer row it was counted into.
+struct NoteTag {
+  const char* what = nullptr;
+  int64_t layer = -1;
+};
+
+class CudaBackend final : public ModelBackend {
+ public:
+  CudaBackend(const Model& m, const BackendOptions& opt);
+  ~CudaBackend() override;
+  Device device() const override { return Device::CUDA; }
+  void reserve(const CacheShape& shape) override;
+  const CacheShape& shape() const override { return shape_; }
+  size_t bytes_per_slot(const CacheShape& shape) const override;
+  int64_t slot_pos(int32_t slot) const override;
+  void reset_slot(int32_t slot) override;
+  void copy_slot(int32_t from, int32_t to) override;
+  void step(const Batch& batch, float* logits_out) override;
+
+ private:
+  struct Segment {
+    int32_t slot = 0, row0 = 0, n = 0;
+    int64_t pos0 = 0;
+  };
+  // Activations for max_step_tokens rows (N), all device buffers.
+  struct Act {
+    DeviceBuffer plan;  // int32 [4N]: token, pos, slot, logit rows
+    DeviceBuffer x, a, normed, out, post, comb;
+    DeviceBuffer qr, qf, q_bf, kvf, kv_bf, o_bf, u;
+    DeviceBuffer ckv, cgate, ikv, igate, iqf, iq_bf, iw, iscore, sel, sel_score;
+    DeviceBuffer router, eidx, ew, we, x_bf, g, up, ey, routed, sy;
+    DeviceBuffer head_in, final_y, logits, cast, counts;
+  };
+
+  void check_slot(int32_t slot, const char* what) const;
+  size_t state_bytes_per_slot(const CacheShape& shape) const;
+  int64_t max_entries(int64_t L, int64_t max_ctx) const;
+  void attention(int64_t L, int64_t n, int64_t max_pos);
+  void moe(int64_t L, int64_t n);
+  void expert(const cuda::DevExpert& e, const float* x, int64_t n, float* y);
+  void linear(const DevLinear& w, const void* x, bool x_bf16, int64_t M, void* y, int64_t ldx = 0,
+              int64_t ldy = 0);
+  void note(const char* what, int64_t layer, const void* data, bool bf16, int64_t width,
+            const std::vector<int64_t>& inner);
+  void observe_entries(int64_t L, const CompressorStateView& comp, const CompressorStateView* index);
+  std::string first_non_finite();
+
+  const Model& m_;
+  BackendOptions opt_;
+  std::unique_ptr<Context> ctx_;
+  std::unique_ptr<cuda::DevModel> dm_;
+  std::unique_ptr<cuda::MoeScratch> moe_scratch_;
+  CacheShape shape_{0, 0, 0};
+  DeviceBuffer state_;
+  std::vector<LayerState> layers_;
+  std::vector<StateRegion> regions_;
+  std::vector<int64_t> pos_;
+  Act act_;
+  int32_t* plan_host_ = nullptr;  // pinned [4N]
+  std::vector<Segment> segs_;
+  std::vector<NoteTag> notes_;
+  size_t max_notes_ = 0;
+  std::vector<float> obs_;  // observer copies
+  std::vector<uint16_t> obs_bf_;
+  int64_t n_ = 0;  // rows of the current step
+  const int32_t *d_token_ = nullptr, *d_pos_ = nullptr, *d_slot_ = nullptr, *d_rows_ = nullptr;
+};
+
+template <typename T>
+T* P(const DeviceBuffer& b) {
+  return b.as<T>();
+}
+
+HcParams hc_params(const Config& c, const cuda::DevF32& fn, const cuda::DevF32& base, const cuda::DevF32& scale) {
+  return HcParams{fn.p(), base.p(), scale.p(), c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps,
+                  c.rms_norm_eps};
+}
+
+float bf16_to_f32(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// "l<L>.s<slot>.<what>" (layer < 0: "s<slot>.<what>"), the CPU backend's names.
+std::string note_name(const char* what, int64_t layer, int32_t slot) {
+  return layer >= 0 ? cuda::strf("l%lld.s%d.%s", (long long)layer, slot, what) : cuda::strf("s%d.%s", slot, what);
+}
+
+std::string gib(size_t b) { return cuda::strf("%.3f GiB", double(b) / double(size_t(1) << 30)); }
+
+}  // namespace
+
+CudaBackend::CudaBackend(const Model& m, const BackendOptions& opt) : m_(m), opt_(opt) {
+  if (opt.linear_inputs) cuda::throw_error("cuda: the linear-input observer (calibration) runs on the CPU backend only");
+  if (opt.act_quant != ActQuant::NONE) cuda::throw_error("cuda: W4A4 emulation runs on the CPU backend only");
+  // The split-K workspace only: the step never takes the cuBLAS prefill path, so no panels.
+  ctx_ = std::make_unique<Context>(0, true, 0);
+  dm_ = cuda::upload_model(m, size_t(256) << 20);
+  std::fprintf(stderr, "%s\n", dm_->report.c_str());
+}
+
+CudaBackend::~CudaBackend() {
+  if (plan_host_) cudaFreeHost(plan_host_);
+}
+
+int64_t CudaBackend::max_entries(int64_t L, int64_t max_ctx) const {
+  return std::max<int64_t>(1, max_ctx / m_.config.ratio(L));
+}
+
+size_t CudaBackend::state_bytes_per_slot(const CacheShape& shape) const {
+  const Config& c = m_.config;
+  size_t b = 0;
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    b += size_t(c.sliding_window * c.head_dim) * 2;
+    const AttnKind k = c.attn_kinds[size_t(L)];
+    if (k == AttnKind::SLIDING) continue;
+    const int64_t m = c.ratio(L), me = max_entries(L, shape.max_ctx);
+    b += compressor_state_bytes(m, k == AttnKind::CSA ? 2 : 1, c.head_dim, me);
+    if (k == AttnKind::CSA) b += compressor_state_bytes(m, 2, c.index_head_dim, me);
+  }
+  return b;
+}
+
+size_t CudaBackend::bytes_per_slot(const CacheShape& shape) const { return state_bytes_per_slot(shape); }
+
+void CudaBackend::reserve(const CacheShape& shape) {
+  const Config& c = m_.config;
+  CM_CU_CHECK(shape.max_slots >= 1, "reserve: max_slots must be >= 1 (got %d)", shape.max_slots);
+  CM_CU_CHECK(shape.max_step_tokens >= 1, "reserve: max_step_tokens must be >= 1 (got %d)", shape.max_step_tokens);
+  CM_CU_CHECK(shape.max_ctx >= 1 && shape.max_ctx <= c.max_position_embeddings,
+              "reserve: context %lld outside [1, %lld] (the model's max_position_embeddings)",
+              (long long)shape.max_ctx, (long long)c.max_position_embeddings);
+  CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
+  // Drop the old buffers first so their memory counts as free.
+  shape_ = CacheShape{0, 0, 0};
+  state_.release();
+  act_ = Act{};
+  moe_scratch_.reset();
+  if (plan_host_) CM_CUDA(cudaFreeHost(plan_host_));
+  plan_host_ = nullptr;
+
+  const int64_t N = shape.max_step_tokens, S = shape.max_slots, D = c.hidden_size, hc = c.hc_mult;
+  const int64_t H = c.num_heads, hd = c.head_dim, E = c.n_routed_experts, K = c.n_experts_per_tok;
+  const int64_t I = c.moe_inter, ih = c.index_head_dim, inh = c.index_n_heads, G = c.o_groups, ol = c.o_lora_rank;
+  int64_t max_ie = 1;
+  for (int64_t L = 0; L < c.num_layers; ++L)
+    if (c.attn_kinds[size_t(L)] == AttnKind::CSA) max_ie = std::max(max_ie, max_entries(L, shape.max_ctx));
+  const bool dense_moe = std::any_of(dm_->layers.begin(), dm_->layers.end(),
+                                     [](const cuda::DevLayer& l) { return !l.experts; });
+  max_notes_ = size_t(2 + 16 * c.num_layers);
+  const int64_t max_k = std::max({D, c.q_lora_rank, H * hd, G * ol, I});
+  // Every activation buffer: name, bytes.
+  struct Want {
+    DeviceBuffer* buf;
+    int64_t bytes;
+  };
+  Act& a = act_;
+  const std::vector<Want> wants = {
+      {&a.plan, 4 * N * 4},           {&a.x, N * hc * D * 4},        {&a.a, N * D * 4},
+      {&a.normed, N * D * 4},         {&a.out, N * D * 4},           {&a.post, N * hc * 4},
+      {&a.comb, N * hc * hc * 4},     {&a.qr, N * c.q_lora_rank * 4}, {&a.qf, N * H * hd * 4},
+      {&a.q_bf, N * H * hd * 2},      {&a.kvf, N * hd * 4},          {&a.kv_bf, N * hd * 2},
+      {&a.o_bf, N * H * hd * 2},      {&a.u, N * G * ol * 4},        {&a.ckv, N * 2 * hd * 4},
+      {&a.cgate, N * 2 * hd * 4},     {&a.ikv, N * 2 * ih * 4},      {&a.igate, N * 2 * ih * 4},
+      {&a.iqf, N * inh * ih * 4},     {&a.iq_bf, N * inh * ih * 2},  {&a.iw, N * inh * 4},
+      {&a.iscore, N * max_ie * 4},    {&a.sel, N * c.index_topk * 4}, {&a.sel_score, N * c.index_topk * 4},
+      {&a.router, N * E * 4},         {&a.eidx, N * K * 4},          {&a.ew, N * K * 4},
+      {&a.we, dense_moe ? E * N * 4 : 0}, {&a.x_bf, N * D * 2},      {&a.g, N * I * 4},
+      {&a.up, N * I * 4},             {&a.ey, N * D * 4},            {&a.routed, N * D * 4},
+      {&a.sy, N * D * 4},             {&a.head_in, N * hc * D * 4},  {&a.final_y, N * D * 4},
+      {&a.logits, N * c.vocab_size * 4}, {&a.cast, N * max_k * 2},   {&a.counts, int64_t(max_notes_) * N * 4},
+  };
+  size_t act_bytes = 0;
+  for (const Want& w : wants) act_bytes += size_t(w.bytes);
+  const size_t state_bytes = state_bytes_per_slot(shape) * size_t(S);
+  const cuda::DevLayer* packed = nullptr;
+  for (const cuda::DevLayer& l : dm_->layers)
+    if (l.experts) packed = &l;
+  const size_t moe_bytes = packed ? size_t(N * K) * size_t(2 * I + 4 * D + 8) + size_t(E) * 64 : 0;
+  size_t free_b = 0, total_b = 0;
+  CM_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  const size_t need = state_bytes + act_bytes + moe_bytes;
+  CM_CU_CHECK(need + (size_t(64) << 20) <= free_b,
+              "reserve: %lld slots of %lld tokens and %lld-token steps need %s of device memory (%s per slot, %s of "
+              "activations), %s free",
+              (long long)S, (long long)shape.max_ctx, (long long)N, gib(need).c_str(),
+              gib(state_bytes / size_t(S)).c_str(), gib(act_bytes).c_str(), gib(free_b).c_str());
+
+  for (const Want& w : wants) w.buf->alloc(size_t(std::max<int64_t>(w.bytes, 4)));
+  if (packed) moe_scratch_ = std::make_unique<cuda::MoeScratch>(*packed->experts, int(N), int(K));
+  state_.alloc(std::max<size_t>(state_bytes, 4));
+  state_.zero();
+  a.counts.zero();
+  CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&plan_host_), size_t(4 * N) * 4));
+
+  // Per-layer state views, slot-major; regions_ lists them for copy_slot.
+  layers_.assign(size_t(c.num_layers), LayerState{});
+  regions_.clear();
+  char* p = static_cast<char*>(state_.get());
+  auto take = [&](size_t per_slot) {
+    char* r = p;
+    p += per_slot * size_t(S);
+    regions_.push_back(StateRegion{r, per_slot});
+    return r;
+  };
+  auto comp = [&](CompressorStateView& v, int64_t m, int64_t cc, int64_t dc, int64_t me) {
+    v.m = m, v.c = cc, v.dc = dc, v.max_slots = S, v.max_entries = me;
+    v.pend_kv = reinterpret_cast<float*>(take(size_t(cc * m * cc * dc) * 4));
+    v.pend_gate = reinterpret_cast<float*>(take(size_t(cc * m * cc * dc) * 4));
+    v.entries = reinterpret_cast<uint16_t*>(take(size_t(me * dc) * 2));
+  };
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    LayerState& ls = layers_[size_t(L)];
+    ls.window = reinterpret_cast<uint16_t*>(take(size_t(c.sliding_window * hd) * 2));
+    const AttnKind k = c.attn_kinds[size_t(L)];
+    if (k == AttnKind::SLIDING) continue;
+    const int64_t me = max_entries(L, shape.max_ctx);
+    comp(ls.comp, c.ratio(L), k == AttnKind::CSA ? 2 : 1, hd, me);
+    if (k == AttnKind::CSA) comp(ls.index, c.ratio(L), 2, ih, me);
+  }
+  pos_.assign(size_t(S), 0);
+  segs_.assign(size_t(S), Segment{});
+  notes_.clear();
+  notes_.reserve(max_notes_);
+  d_token_ = P<int32_t>(a.plan);
+  d_pos_ = d_token_ + N;
+  d_slot_ = d_pos_ + N;
+  d_rows_ = d_slot_ + N;
+  shape_ = shape;
+}
+
+void CudaBackend::check_slot(int32_t slot, const char* what) const {
+  CM_CU_CHECK(shape_.max_slots >= 1, "%s: the backend has no reserved slots (call reserve first)", what);
+  CM_CU_CHECK(slot >= 0 && slot < shape_.max_slots, "%s: slot %d outside [0, %d)", what, slot, shape_.max_slots);
+}
+
+int64_t CudaBackend::slot_pos(int32_t slot) const {
+  check_slot(slot, "slot_pos");
+  return pos_[size_t(slot)];
+}
+
+void CudaBackend::reset_slot(int32_t slot) {
+  check_slot(slot, "reset_slot");
+  pos_[size_t(slot)] = 0;  // no counters on the device: positions say what is valid
+}
+
+void CudaBackend::copy_slot(int32_t from, int32_t to) {
+  check_slot(from, "copy_slot");
+  check_slot(to, "copy_slot");
+  if (from == to) return;
+  for (const StateRegion& r : regions_)
+    CM_CUDA(cudaMemcpyAsync(r.base + size_t(to) * r.bytes_per_slot, r.base + size_t(from) * r.bytes_per_slot,
+                            r.bytes_per_slot, cudaMemcpyDeviceToDevice, ctx_->stream()));
+  CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
+  pos_[size_t(to)] = pos_[size_t(from)];
+}
+
+void CudaBackend::linear(const DevLinear& w, const void* x, bool x_bf16, int64_t M, void* y, int64_t ldx,
+                         int64_t ldy) {
+  cuda::run_linear(*ctx_, w, x, x_bf16, M, ldx ? ldx : w.K * w.groups, y, false, ldy ? ldy : w.N,
+                   P<uint16_t>(act_.cast));
+}
+
+// Counts the intermediate's non-finite values per row; with an observer, copies
+// it to the host and hands each slot's rows over as "l<L>.s<slot>.<what>".
+void CudaBackend::note(const char* what, int64_t layer, const void* data, bool bf16, int64_t width,
+                       const std::vector<int64_t>& inner) {
+  const int64_t rows = n_;
+  if (notes_.size() < max_notes_) {
+    cuda::count_non_finite(*ctx_, data, bf16, rows, width,
+                           P<int32_t>(act_.counts) + int64_t(notes_.size()) * shape_.max_step_tokens);
+    notes_.push_back(NoteTag{what, layer});
+  }
+  if (!opt_.observer) return;
+  const size_t count = size_t(rows * width);
+  obs_.resize(count);
+  if (bf16) {
+    obs_bf_.resize(count);
+    CM_CUDA(cudaMemcpyAsync(obs_bf_.data(), data, count * 2, cudaMemcpyDeviceToHost, ctx_->stream()));
+    CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
+    for (size_t i = 0; i < count; ++i) obs_[i] = bf16_to_f32(obs_bf_[i]);
+  } else {
+    CM_CUDA(cudaMemcpyAsync(obs_.data(), data, count * 4, cudaMemcpyDeviceToHost, ctx_->stream()));
+    CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
+  }
+  std::vector<int64_t> shape{0};
+  shape.insert(shape.end(), inner.begin(), inner.end());
+  for (const Segment& s : segs_) {
+    shape[0] = s.n;
+    opt_.observer->observe(note_name(what, layer, s.slot), obs_.data() + s.row0 * width, shape);
+  }
+}
+
+// Observer only: per segment, the entries (and CSA index keys) this step completed, as the CPU names them.
+void CudaBackend::observe_entries(int64_t L, const CompressorStateView& comp, const CompressorStateView* index) {
+  if (!opt_.observer) return;
+  for (const Segment& s : segs_) {
+    for (const CompressorStateView* st : {&comp, index}) {
+      if (!st) continue;
+      const int64_t first = s.pos0 / st->m, n_new = (s.pos0 + s.n) / st->m - first;
+      if (n_new <= 0) continue;
+      const size_t count = size_t(n_new * st->dc);
+      obs_bf_.resize(count);
+      obs_.resize(count);
+      CM_CUDA(cudaMemcpyAsync(obs_bf_.data(), st->entries + (int64_t(s.slot) * st->max_entries + first) * st->dc,
+                              count * 2, cudaMemcpyDeviceToHost, ctx_->stream()));
+      CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
+      for (size_t i = 0; i < count; ++i) obs_[i] = bf16_to_f32(obs_bf_[i]);
+      opt_.observer->observe(note_name(st == index ? "index_keys" : "entries", L, s.slot), obs_.data(),
+                             {n_new, st->dc});
+    }
+  }
+}
+
+void CudaBackend::step(const Batch& b, float* logits_out) {
+  const Config& c = m_.config;
+  const cuda::DevModel& w = *dm_;
+  Context& ctx = *ctx_;
+  const int64_t D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size, n = b.n, N = shape_.max_step_tokens;
+  check_batch(b, shape_, V, pos_.data());
+
+  // The plan: the batch's rows and the rows whose logits are wanted, one transfer.
+  segs_.clear();
+  int64_t R = 0, max_pos = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    if (t == 0 || b.slot[t] != b.slot[t - 1]) segs_.push_back(Segment{b.slot[t], int32_t(t), 0, b.pos[t]});
+    segs_.back().n++;
+    plan_host_[t] = b.token[t];
+    plan_host_[N + t] = b.pos[t];
+    plan_host_[2 * N + t] = b.slot[t];
+    if (b.logits[t]) plan_host_[3 * N + R++] = int32_t(t);
+    max_pos = std::max<int64_t>(max_pos, b.pos[t]);
+  }
+  n_ = n;
+  CM_CUDA(cudaMemcpyAsync(act_.plan.get(), plan_host_, size_t(4 * N) * 4, cudaMemcpyHostToDevice, ctx.stream()));
+  notes_.clear();
+
+  // Embedding, copied into every hyper-connection stream.
+  float* X = P<float>(act_.x);
+  embed_rows_cuda(ctx, w.embed, d_token_, n, hc, X);
+  note("embed", -1, X, false, hc * D, {hc, D});
+
+  float *A = P<float>(act_.a), *normed = P<float>(act_.normed), *out = P<float>(act_.out);
+  float *post = P<float>(act_.post), *comb = P<float>(act_.comb);
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    const cuda::DevLayer& lw = w.layers[size_t(L)];
+    hc_pre_cuda(ctx, hc_params(c, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale), X, n, A, post, comb);
+    rms_norm_cuda(ctx, A, lw.attn_norm.p(), n, D, c.rms_norm_eps, normed, false);
+    note("attn_in", L, normed, false, D, {D});
+    attention(L, n, max_pos);
+    note("attn_out", L, out, false, D, {D});
+    hc_post_cuda(ctx, hc, D, out, post, comb, n, X);
+
+    hc_pre_cuda(ctx, hc_params(c, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale), X, n, A, post, comb);
+    rms_norm_cuda(ctx, A, lw.ffn_norm.p(), n, D, c.rms_norm_eps, normed, false);
+    note("moe_in", L, normed, false, D, {D});
+    moe(L, n);
+    note("moe_out", L, out, false, D, {D});
+    hc_post_cuda(ctx, hc, D, out, post, comb, n, X);
+    note("resid", L, X, false, hc * D, {hc, D});
+  }
+  for (const Segment& s : segs_) pos_[size_t(s.slot)] = s.pos0 + s.n;
+
+  // Final hyper-head, norm and LM head over the rows whose logits are wanted.
+  if (R > 0) {
+    float *head_in = P<float>(act_.head_in), *y = P<float>(act_.final_y), *logits = P<float>(act_.logits);
+    cuda::gather_rows(ctx, X, d_rows_, R, hc * D, head_in);
+    HcHeadParams hp{w.hc_head_fn.p(), w.hc_head_base.p(), w.hc_head_scale.p(), hc, D, c.hc_eps, c.rms_norm_eps};
+    hc_head_cuda(ctx, hp, head_in, R, y);
+    rms_norm_cuda(ctx, y, w.norm.p(), R, D, c.rms_norm_eps, y, false);
+    linear(w.head, y, false, R, logits);
+    CM_CUDA(cudaMemcpyAsync(logits_out, logits, size_t(R * V) * 4, cudaMemcpyDeviceToHost, ctx.stream()));
+    CM_CUDA(cudaStreamSynchronize(ctx.stream()));
+    if (opt_.observer) {
+      std::vector<float> fy(size_t(R * D));
+      CM_CUDA(cudaMemcpy(fy.data(), y, fy.size() * 4, cudaMemcpyDeviceToHost));
+      opt_.observer->observe("final_norm", fy.data(), {R, D});
+      opt_.observer->observe("logits", logits_out, {R, V});
+    }
+    bool bad = false;
+    for (int64_t i = 0; i < R * V && !bad; ++i) bad = !std::isfinite(logits_out[i]);
+    CM_CU_CHECK(!bad,
+                "non-finite logits; the first intermediate that went non-finite is %s (run with --layer-stats for "
+                "every layer's statistics)",
+                first_non_finite().c_str());
+  } else {
+    CM_CUDA(cudaStreamSynchronize(ctx.stream()));
+  }
+}
+
+// The first counted intermediate with a non-finite value, named for the slot of its first bad row.
+std::string CudaBackend::first_non_finite() {
+  const int64_t N = shape_.max_step_tokens;
+  std::vector<int32_t> counts(notes_.size() * size_t(N));
+  CM_CUDA(cudaMemcpy(counts.data(), act_.counts.get(), counts.size() * 4, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < notes_.size(); ++i)
+    for (const Segment& s : segs_)
+      for (int64_t r = s.row0; r < s.row0 + s.n; ++r)
+        if (counts[i * size_t(N) + size_t(r)] > 0)
+          return note_name(notes_[i].what, notes_[i].layer, s.slot);
+  return "the LM head";
+}
+
+// The attention block of layer L over the step's rows (normed → out); the
+// order and math of model/attention.cpp.
+void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
+  const Config& c = m_.config;
+  const cuda::DevLayer& lw = dm_->layers[size_t(L)];
+  LayerState& ls = layers_[size_t(L)];
+  Context& ctx = *ctx_;
+  Act& a = act_;
+  const AttnKind kind = c.attn_kinds[size_t(L)];
+  const RopeView& rope = kind == AttnKind::SLIDING ? dm_->rope_main : dm_->rope_compress;
+  const int64_t H = c.num_heads, hd = c.head_dim, W = c.sliding_window, G = c.o_groups, ol = c.o_lora_rank;
+  const int64_t ql = c.q_lora_rank, inh = c.index_n_heads, ihd = c.index_head_dim, topk = c.index_topk;
+  const float eps = c.rms_norm_eps;
+  const float* normed = P<float>(a.normed);
+
+  // Queries and the shared KV head, for every row of the step.
+  float *qr = P<float>(a.qr), *qf = P<float>(a.qf), *kvf = P<float>(a.kvf);
+  uint16_t *q = P<uint16_t>(a.q_bf), *kv = P<uint16_t>(a.kv_bf);
+  linear(lw.wq_a, normed, false, n, qr);
+  rms_norm_cuda(ctx, qr, lw.q_norm.p(), n, ql, eps, qr, false);
+  linear(lw.wq_b, qr, false, n, qf);
+  rms_norm_cuda(ctx, qf, nullptr, n * H, hd, eps, q, true, &rope, d_pos_, H);
+  linear(lw.wkv, normed, false, n, kvf);
+  rms_norm_cuda(ctx, kvf, lw.kv_norm.p(), n, hd, eps, kv, true, &rope, d_pos_, 1);
+  note("q", L, q, true, H * hd, {H, hd});
+  note("kv", L, kv, true, hd, {hd});
+
+  // Compressed entries per slot (and, for CSA, the indexer's keys and choice).
+  const int64_t m = c.ratio(L);
+  if (lw.comp) {
+    float *ckv = P<float>(a.ckv), *cgate = P<float>(a.cgate);
+    linear(lw.comp->wkv, normed, false, n, ckv);
+    linear(lw.comp->wgate, normed, false, n, cgate);
+    compressor_step_cuda(ctx, ls.comp, lw.comp->ape.p(), lw.comp->norm.p(), eps, dm_->rope_compress, ckv, cgate,
+                         d_slot_, d_pos_, n);
+  }
+  if (kind == AttnKind::CSA) {
+    float *ikv = P<float>(a.ikv), *igate = P<float>(a.igate), *iqf = P<float>(a.iqf), *iw = P<float>(a.iw);
+    linear(lw.index_comp->wkv, normed, false, n, ikv);
+    linear(lw.index_comp->wgate, normed, false, n, igate);
+    linear(lw.index_wq_b, qr, false, n, iqf);
+    linear(lw.index_weights_proj, normed, false, n, iw);
+    compressor_step_cuda(ctx, ls.index, lw.index_comp->ape.p(), lw.index_comp->norm.p(), eps, dm_->rope_compress,
+                         ikv, igate, d_slot_, d_pos_, n);
+  }
+  if (lw.comp) observe_entries(L, ls.comp, kind == AttnKind::CSA ? &ls.index : nullptr);
+  if (kind == AttnKind::CSA) {
+    float *iqf = P<float>(a.iqf), *iw = P<float>(a.iw), *iscore = P<float>(a.iscore);
+    float* sel_score = P<float>(a.sel_score);
+    uint16_t* iq = P<uint16_t>(a.iq_bf);
+    int32_t* sel = P<int32_t>(a.sel);
+    // Lightning indexer: top-k causal entries by Σ_h w_h·ReLU(q_h·K_i)·ihd^−½, w scaled by inh^−½.
+    rope_cuda(ctx, iqf, false, iq, true, n * inh, ihd, d_pos_, inh, dm_->rope_compress, false);
+    cuda::scale_f32(ctx, iw, n * inh, 1.0f / std::sqrt(float(inh)));
+    const int64_t ld = ls.index.max_entries;
+    indexer_scores_cuda(ctx, ls.index, iq, iw, inh, d_slot_, d_pos_, n, std::min(ld, (max_pos + 1) / m), iscore, ld);
+    topk_lower_index_first_cuda(ctx, iscore, ld, d_pos_, m, n, topk, sel);
+    cuda::gather_scores(ctx, iscore, ld, sel, n, topk, sel_score);
+    note("index_top_scores", L, sel_score, false, topk, {topk});
+  }
+
+  // Attention per query token over its slot's window rows ∪ compressed entries.
+  uint16_t* o = P<uint16_t>(a.o_bf);
+  AttnInputs in;
+  in.kv = kv;
+  in.window = ls.window;
+  in.W = W;
+  in.sinks = lw.sinks.p();
+  if (kind != AttnKind::SLIDING) {
+    in.entries = ls.comp.entries;
+    in.max_entries = ls.comp.max_entries;
+    in.ratio = m;
+    if (kind == AttnKind::CSA) {
+      in.sel = P<int32_t>(a.sel);
+      in.topk = topk;
+    }
+  }
+  attention_sink_cuda(ctx, in, q, H, hd, 1.0f / std::sqrt(float(hd)), rope, d_slot_, d_pos_, n, o);
+  note("attn_core", L, o, true, H * hd, {H, hd});
+  // The window ring keeps each slot's last W rows for the next step.
+  window_store_cuda(ctx, kv, ls.window, W, hd, d_slot_, d_pos_, n);
+
+  // Grouped low-rank output projection (group g's heads through rows [g·ol, (g+1)·ol) of wo_a), then wo_b.
+  float* u = P<float>(a.u);
+  linear(lw.wo_a, o, true, n, u, H * hd, G * ol);
+  linear(lw.wo_b, u, false, n, P<float>(a.out));
+}
+
+// y = w2 · (silu(min(w1·x, L)) ⊙ clamp(w3·x, −L, L)) for n rows (f32 x and y).
+void CudaBackend::expert(const cuda::DevExpert& e, const float* x, int64_t n, float* y) {
+  const int64_t I = e.w1.N;
+  float *g = P<float>(act_.g), *up = P<float>(act_.up);
+  linear(e.w1, x, false, n, g);
+  linear(e.w3, x, false, n, up);
+  swiglu_cuda(*ctx_, g, up, I, n, I, m_.config.swiglu_limit, nullptr, g, false);
+  linear(e.w2, g, false, n, y);
+}
+
+// The MoE block of layer L (normed → out): router, routed experts, shared expert (model/moe.cpp).
+void CudaBackend::moe(int64_t L, int64_t n) {
+  const Config& c = m_.config;
+  const cuda::DevLayer& lw = dm_->layers[size_t(L)];
+  Context& ctx = *ctx_;
+  Act& a = act_;
+  const int64_t D = c.hidden_size, E = c.n_routed_experts, K = c.n_experts_per_tok;
+  const float* normed = P<float>(a.normed);
+  float *router = P<float>(a.router), *ew = P<float>(a.ew), *routed = P<float>(a.routed), *out = P<float>(a.out);
+  int32_t* eidx = P<int32_t>(a.eidx);
+
+  linear(lw.gate, normed, false, n, router);
+  note("router_logits", L, router, false, E, {E});
+  // route_cuda's arg-max selects nothing among NaN scores and would then index past the logits row;
+  // a NaN has been counted above, so the step reports it — here it only must not fault.
+  cuda::replace_nan(ctx, router, n * E, -INFINITY);
+  RouterParams rp;
+  rp.experts = E;
+  rp.topk = K;
+  rp.routed_scaling = float(c.routed_scaling_factor);
+  rp.bias = lw.gate_bias.buf.size() ? lw.gate_bias.p() : nullptr;
+  rp.tid2eid = lw.tid2eid.size() ? lw.tid2eid.as<const int32_t>() : nullptr;
+  rp.vocab = c.vocab_size;
+  route_cuda(ctx, rp, d_token_, router, n, eidx, ew);
+
+  if (lw.experts) {
+    // Packed FP4 experts: routing lists, gate/up + SwiGLU, down, k-ordered combine on the device.
+    uint16_t* xb = P<uint16_t>(a.x_bf);
+    cuda::cast_f32_bf16(ctx, normed, D, n, D, xb, D);
+    cuda::moe_nvfp4(ctx, *lw.experts, *moe_scratch_, xb, int(n), eidx, ew, routed);
+  } else {
+    // Experts as separate linears: each over every row, added with the row's weight for it
+    // (0 when not chosen) in ascending expert order, as the CPU sums.
+    float *we = P<float>(a.we), *ey = P<float>(a.ey);
+    cuda::moe_expert_weights(ctx, eidx, ew, n, K, E, we);
+    CM_CUDA(cudaMemsetAsync(routed, 0, size_t(n * D) * 4, ctx.stream()));
+    for (int64_t e = 0; e < E; ++e) {
+      expert(lw.dense_experts[size_t(e)], normed, n, ey);
+      cuda::axpy_rows(ctx, we + e * n, ey, n, D, routed);
+    }
+  }
+  note("moe_routed", L, routed, false, D, {D});
+  if (lw.has_shared) {
+    float* sy = P<float>(a.sy);
+    expert(lw.shared, normed, n, sy);
+    note("moe_shared", L, sy, false, D, {D});
+    cuda::add_f32(ctx, routed, sy, n * D, out);
+  } else {
+    CM_CUDA(cudaMemcpyAsync(out, routed, size_t(n * D) * 4, cudaMemcpyDeviceToDevice, ctx.stream()));
+  }
+}
+
+bool cuda_backend_available() { return cuda::device_count() > 0; }
+
+std::unique_ptr<ModelBackend> make_cuda_backend(const Model& m, const BackendOptions& opt) {
+  return std::make_unique<CudaBackend>(m, opt);
+}
+
+}  // namespace cm

@@ -1,0 +1,31 @@
+// The CUDA backend: DeepSeek-V4 on one Hopper GPU behind the engine seam
+// (engine/backend.h), the same step as the CPU backend (model/cpu_backend.h)
+// with bf16 activations into every linear and fp32 everywhere else
+// (docs/gpu-ops.md).
+//
+// Weights live on the device in their stored format (device_model.h). reserve()
+// allocates every device buffer once: per-slot state for all slots, layer by
+// layer (window ring bf16 [S, W, hd]; compressor pending kv/gate f32
+// [S, c·m, c·dc]; entries and indexer keys bf16 [S, max_ctx/m, dc]),
+// activations for max_step_tokens rows, MoE scratch, the linear kernels'
+// split-K workspace (in the Context), the step plan and the non-finite counts.
+// A step copies its plan (token, pos, slot per row; logits rows) in one
+// transfer, launches kernels in the CPU step's order and synchronises once, at
+// the end, when the logits rows come back. Only with an observer does it stop
+// to copy intermediates to the host.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "model/model.h"
+
+namespace cm {
+
+std::unique_ptr<ModelBackend> make_cuda_backend(const Model& m, const BackendOptions& opt);
+// True when this build has the CUDA backend and a CUDA device is present.
+bool cuda_backend_available();
+
+}  // namespace cm

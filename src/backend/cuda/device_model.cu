@@ -1,0 +1,248 @@
+// Uploading the model's weights to the GPU in their stored format, and the one
+// linear entry point the backend's step calls (see device_model.h).
+#include "backend/cuda/device_model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include "backend/cuda/backend_kernels.h"
+#include "backend/cuda/cuda_errors.h"
+
+namespace cm::cuda {
+
+namespace {
+
+// The decode kernels serve every M: a row's result then never depends on how
+// many rows share the call (the prefill kernels are chosen by M).
+constexpr int64_t kAlwaysDecode = std::numeric_limits<int64_t>::max();
+
+DevF32 upload_f32(const std::vector<float>& v) {
+  DevF32 d;
+  if (v.empty()) return d;
+  d.buf.alloc(v.size() * 4);
+  d.buf.upload(v.data(), v.size() * 4);
+  return d;
+}
+
+DevLinear upload_linear(const LinearWeight& w, int groups = 1) {
+  DevLinear d;
+  if (w.empty()) return d;
+  d.name = w.name;
+  d.format = w.format;
+  d.N = w.out_features;
+  d.K = w.in_features;
+  d.groups = groups;
+  CM_CU_CHECK(d.N % groups == 0, "linear '%s': %lld rows do not split into %d groups", w.name.c_str(),
+              (long long)d.N, groups);
+  switch (w.format) {
+    case WeightFormat::F32:
+    case WeightFormat::BF16: {
+      const size_t bytes = size_t(d.N * d.K) * (w.format == WeightFormat::F32 ? 4 : 2);
+      d.dense.alloc(bytes);
+      d.dense.upload(w.data, bytes);
+      break;
+    }
+    case WeightFormat::F16: {  // no F16 kernel: expanded to f32 (exact)
+      std::vector<float> rows(size_t(d.N * d.K));
+      for (int64_t n = 0; n < d.N; ++n) linear_expand_row(w, n, rows.data() + n * d.K);
+      d.format = WeightFormat::F32;
+      d.dense.alloc(rows.size() * 4);
+      d.dense.upload(rows.data(), rows.size() * 4);
+      break;
+    }
+    case WeightFormat::NVFP4:
+    case WeightFormat::MXFP4:
+      d.fp4 = std::make_unique<DeviceLinear>(upload_nvfp4(w, groups));
+      break;
+    case WeightFormat::FP8_BLOCK:
+      d.fp8 = std::make_unique<DeviceFp8Linear>(upload_fp8(w, groups));
+      break;
+  }
+  return d;
+}
+
+size_t f32_bytes(const std::vector<float>& v) { return v.size() * 4; }
+size_t hc_bytes(const HcWeights& h) { return f32_bytes(h.fn) + f32_bytes(h.base) + f32_bytes(h.scale); }
+
+// Routed experts go to the packed MoE kernels when they are FP4 and the kernels take their shape.
+bool packed_experts_ok(const Config& c, const LayerWeights& lw) {
+  if (lw.experts.empty()) return false;
+  for (const ExpertWeights& e : lw.experts)
+    for (const LinearWeight* w : {&e.w1, &e.w2, &e.w3})
+      if (w->format != WeightFormat::NVFP4 && w->format != WeightFormat::MXFP4) return false;
+  return c.hidden_size % 64 == 0 && c.moe_inter % 64 == 0 && lw.experts.size() <= 1024;
+}
+
+DevF32 view_f32(const std::vector<float>& v, size_t& group) {
+  group += f32_bytes(v);
+  return upload_f32(v);
+}
+
+// The MoE kernel clamps with its limit unconditionally; a config without one (0) clamps nowhere.
+float no_limit_is_inf(float limit) { return limit > 0 ? limit : std::numeric_limits<float>::infinity(); }
+
+std::string gib(size_t b) { return strf("%.3f GiB", double(b) / double(size_t(1) << 30)); }
+std::string mib(size_t b) { return strf("%.2f MiB", double(b) / double(size_t(1) << 20)); }
+
+}  // namespace
+
+size_t DevLinear::bytes() const {
+  return dense.size() + (fp4 ? fp4->device_bytes() : 0) + (fp8 ? fp8->device_bytes() : 0);
+}
+
+void run_linear(Context& ctx, const DevLinear& w, const void* x, bool x_bf16, int64_t M, int64_t ldx, void* y,
+                bool y_bf16, int64_t ldy, uint16_t* cast_scratch) {
+  if (M <= 0) return;
+  CM_CU_CHECK(!w.empty(), "run_linear: empty weight");
+  if (!w.wants_bf16_input()) {
+    dense_linear(ctx, w.dense.get(), w.format == WeightFormat::BF16, w.N, w.K, w.groups, x, x_bf16, M, ldx, y, y_bf16,
+                 ldy, 1.0f);
+    return;
+  }
+  const uint16_t* xb = static_cast<const uint16_t*>(x);
+  if (!x_bf16) {
+    const int64_t cols = w.K * w.groups;
+    cast_f32_bf16(ctx, static_cast<const float*>(x), ldx, M, cols, cast_scratch, cols);
+    xb = cast_scratch;
+    ldx = cols;
+  }
+  const OutType out = y_bf16 ? OutType::BF16 : OutType::F32;
+  if (w.fp4)
+    linear_nvfp4(ctx, *w.fp4, xb, M, ldx, y, ldy, out, kAlwaysDecode);
+  else
+    linear_fp8(ctx, *w.fp8, xb, M, ldx, y, ldy, out, kAlwaysDecode);
+}
+
+size_t model_device_bytes(const Model& m) {
+  const Weights& w = m.weights;
+  size_t b = w.embed.stored_bytes() + w.head.stored_bytes() + f32_bytes(w.norm) + f32_bytes(w.hc_head_fn);
+  for (const LayerWeights& lw : w.layers) {
+    b += hc_bytes(lw.hc_attn) + hc_bytes(lw.hc_ffn) + f32_bytes(lw.attn_norm) + f32_bytes(lw.ffn_norm);
+    b += lw.wq_a.stored_bytes() + lw.wq_b.stored_bytes() + lw.wkv.stored_bytes() + lw.wo_a.stored_bytes() +
+         lw.wo_b.stored_bytes();
+    for (const CompressorWeights* c : {lw.compressor.get(), lw.indexer ? &lw.indexer->comp : nullptr})
+      if (c) b += c->wkv.stored_bytes() + c->wgate.stored_bytes() + f32_bytes(c->ape);
+    if (lw.indexer) b += lw.indexer->wq_b.stored_bytes() + lw.indexer->weights_proj.stored_bytes();
+    b += lw.gate.stored_bytes() + lw.tid2eid.size() * 4;
+    for (const ExpertWeights& e : lw.experts) b += e.w1.stored_bytes() + e.w2.stored_bytes() + e.w3.stored_bytes();
+    if (lw.has_shared) b += lw.shared.w1.stored_bytes() + lw.shared.w2.stored_bytes() + lw.shared.w3.stored_bytes();
+  }
+  return b;
+}
+
+std::unique_ptr<DevModel> upload_model(const Model& m, size_t reserve_bytes) {
+  const Config& c = m.config;
+  const Weights& w = m.weights;
+  size_t free_b = 0, total_b = 0;
+  CM_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  const size_t need = model_device_bytes(m) + reserve_bytes;
+  if (need > free_b)
+    throw_error(strf("cuda: the model needs %s of device memory (weights and working buffers), %s free (of %s)",
+                     gib(need).c_str(), gib(free_b).c_str(), gib(total_b).c_str()));
+
+  auto d = std::make_unique<DevModel>();
+  size_t g_embed = 0, g_attn = 0, g_comp = 0, g_experts = 0, g_shared = 0, g_router = 0, g_small = 0;
+  // Embedding: the stored rows as they are (the gather expands them).
+  const LinearWeight& e = w.embed;
+  CM_CU_CHECK(e.format == WeightFormat::F32 || e.format == WeightFormat::BF16 || e.format == WeightFormat::NVFP4,
+              "cuda: embedding '%s' is %s; the GPU embedding takes F32, BF16 or NVFP4", e.name.c_str(),
+              weight_format_name(e.format));
+  const size_t ebytes = e.format == WeightFormat::F32    ? size_t(e.out_features * e.in_features) * 4
+                        : e.format == WeightFormat::BF16 ? size_t(e.out_features * e.in_features) * 2
+                                                         : size_t(e.out_features * e.in_features / 2);
+  d->embed_data.alloc(ebytes);
+  d->embed_data.upload(e.data, ebytes);
+  if (e.format == WeightFormat::NVFP4) {
+    const size_t sb = size_t(e.out_features * e.in_features / 16);
+    d->embed_scale.alloc(sb);
+    d->embed_scale.upload(e.scale, sb);
+  }
+  d->embed = DeviceWeightView{e.format, d->embed_data.get(), d->embed_scale.get(), e.scale_2, e.out_features,
+                              e.in_features};
+  g_embed = d->embed_data.size() + d->embed_scale.size();
+  d->head = upload_linear(w.head);
+  g_embed += d->head.bytes();
+  d->norm = view_f32(w.norm, g_small);
+  d->hc_head_fn = view_f32(w.hc_head_fn, g_small);
+  d->hc_head_base = view_f32(w.hc_head_base, g_small);
+  d->hc_head_scale = view_f32(w.hc_head_scale, g_small);
+  d->rope_main_freqs = view_f32(m.rope_main.freqs, g_small);
+  d->rope_compress_freqs = view_f32(m.rope_compress.freqs, g_small);
+  d->rope_main = RopeView{d->rope_main_freqs.p(), m.rope_main.rope_dim, m.rope_main.attention_factor};
+  d->rope_compress = RopeView{d->rope_compress_freqs.p(), m.rope_compress.rope_dim, m.rope_compress.attention_factor};
+
+  d->layers.resize(size_t(c.num_layers));
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    const LayerWeights& lw = w.layers[size_t(L)];
+    DevLayer& dl = d->layers[size_t(L)];
+    dl.hc_attn_fn = view_f32(lw.hc_attn.fn, g_small);
+    dl.hc_attn_base = view_f32(lw.hc_attn.base, g_small);
+    dl.hc_attn_scale = view_f32(lw.hc_attn.scale, g_small);
+    dl.hc_ffn_fn = view_f32(lw.hc_ffn.fn, g_small);
+    dl.hc_ffn_base = view_f32(lw.hc_ffn.base, g_small);
+    dl.hc_ffn_scale = view_f32(lw.hc_ffn.scale, g_small);
+    dl.attn_norm = view_f32(lw.attn_norm, g_small);
+    dl.ffn_norm = view_f32(lw.ffn_norm, g_small);
+    dl.q_norm = view_f32(lw.q_norm, g_small);
+    dl.kv_norm = view_f32(lw.kv_norm, g_small);
+    dl.sinks = view_f32(lw.sinks, g_small);
+    dl.wq_a = upload_linear(lw.wq_a);
+    dl.wq_b = upload_linear(lw.wq_b);
+    dl.wkv = upload_linear(lw.wkv);
+    dl.wo_a = upload_linear(lw.wo_a, int(c.o_groups));
+    dl.wo_b = upload_linear(lw.wo_b);
+    g_attn += dl.wq_a.bytes() + dl.wq_b.bytes() + dl.wkv.bytes() + dl.wo_a.bytes() + dl.wo_b.bytes();
+    auto comp = [&](const CompressorWeights& cw) {
+      auto dc = std::make_unique<DevCompressor>();
+      dc->wkv = upload_linear(cw.wkv);
+      dc->wgate = upload_linear(cw.wgate);
+      dc->ape = view_f32(cw.ape, g_comp);
+      dc->norm = view_f32(cw.norm, g_comp);
+      g_comp += dc->wkv.bytes() + dc->wgate.bytes();
+      return dc;
+    };
+    if (lw.compressor) dl.comp = comp(*lw.compressor);
+    if (lw.indexer) {
+      dl.index_comp = comp(lw.indexer->comp);
+      dl.index_wq_b = upload_linear(lw.indexer->wq_b);
+      dl.index_weights_proj = upload_linear(lw.indexer->weights_proj);
+      g_comp += dl.index_wq_b.bytes() + dl.index_weights_proj.bytes();
+    }
+    dl.gate = upload_linear(lw.gate);
+    dl.gate_bias = view_f32(lw.gate_bias, g_router);
+    g_router += dl.gate.bytes();
+    if (!lw.tid2eid.empty()) {
+      dl.tid2eid.alloc(lw.tid2eid.size() * 4);
+      dl.tid2eid.upload(lw.tid2eid.data(), lw.tid2eid.size() * 4);
+      g_router += dl.tid2eid.size();
+    }
+    if (packed_experts_ok(c, lw)) {
+      std::vector<const LinearWeight*> g1, g3, g2;
+      for (const ExpertWeights& ew : lw.experts) g1.push_back(&ew.w1), g3.push_back(&ew.w3), g2.push_back(&ew.w2);
+      dl.experts = std::make_unique<DeviceExperts>(upload_experts(g1, g3, g2, 0, no_limit_is_inf(c.swiglu_limit)));
+      g_experts += dl.experts->expert_bytes() * size_t(dl.experts->count) + dl.experts->scale2.size();
+    } else {
+      for (const ExpertWeights& ew : lw.experts) {
+        DevExpert de{upload_linear(ew.w1), upload_linear(ew.w2), upload_linear(ew.w3)};
+        g_experts += de.w1.bytes() + de.w2.bytes() + de.w3.bytes();
+        dl.dense_experts.push_back(std::move(de));
+      }
+    }
+    dl.has_shared = lw.has_shared;
+    if (lw.has_shared) {
+      dl.shared = DevExpert{upload_linear(lw.shared.w1), upload_linear(lw.shared.w2), upload_linear(lw.shared.w3)};
+      g_shared += dl.shared.w1.bytes() + dl.shared.w2.bytes() + dl.shared.w3.bytes();
+    }
+  }
+  d->total_bytes = g_embed + g_attn + g_comp + g_experts + g_shared + g_router + g_small;
+  d->report = strf(
+      "cuda weights: embedding+head %s, attention %s, compressors+indexers %s, routed experts %s (%s), "
+      "shared experts %s, routers %s, norms/mHC/sinks/RoPE %s; total %s",
+      mib(g_embed).c_str(), mib(g_attn).c_str(), mib(g_comp).c_str(), mib(g_experts).c_str(),
+      d->layers.empty() || !d->layers[0].experts ? "per-expert linears" : "packed FP4 MoE", mib(g_shared).c_str(),
+      mib(g_router).c_str(), mib(g_small).c_str(), mib(d->total_bytes).c_str());
+  return d;
+}
+
+}  // namespace cm::cuda

@@ -1,0 +1,93 @@
+// The model's weights on the GPU, in their stored format (see cuda_backend.h):
+// NVFP4 and MXFP4 linears repacked for the FP4 kernels (cuda_linear.h), FP8
+// blocks for the FP8 kernels (cuda_fp8_linear.h), BF16/F32 linears copied as
+// they are (the batch-invariant dense kernel, backend_kernels.h), routed
+// experts as one packed NVFP4/MXFP4 block for the MoE kernels when their shape
+// allows it, and every small parameter (norms, mHC, sinks, biases, tid2eid,
+// ape, RoPE frequencies) in fp32 / int32.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_fp8_linear.h"
+#include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_util.h"
+#include "model/model.h"
+#include "ops/linear.h"
+#include "ops/rope.h"
+
+namespace cm::cuda {
+
+// One linear on the device. Exactly one of the three storages is used.
+struct DevLinear {
+  std::string name;
+  WeightFormat format = WeightFormat::F32;
+  int64_t N = 0, K = 0;  // K per group
+  int groups = 1;
+  DeviceBuffer dense;                  // F32 / BF16 [N, K] as stored
+  std::unique_ptr<DeviceLinear> fp4;   // NVFP4 / MXFP4
+  std::unique_ptr<DeviceFp8Linear> fp8;
+  bool empty() const { return N == 0; }
+  bool wants_bf16_input() const { return fp4 || fp8; }
+  size_t bytes() const;
+};
+
+// y[M, N] = x · Wᵀ. x is f32 or bf16 (x_bf16) with rows ldx apart; the FP4/FP8
+// kernels take bf16, so f32 x is cast into cast_scratch (>= M·groups·K bf16) first.
+// Every path computes a row independently of the other rows, with one kernel
+// whatever M (the decode kernels; see cuda_backend.cu on batch invariance).
+void run_linear(Context& ctx, const DevLinear& w, const void* x, bool x_bf16, int64_t M, int64_t ldx, void* y,
+                bool y_bf16, int64_t ldy, uint16_t* cast_scratch);
+
+struct DevF32 {
+  DeviceBuffer buf;
+  const float* p() const { return buf.as<const float>(); }
+};
+
+struct DevCompressor {
+  DevLinear wkv, wgate;
+  DevF32 ape, norm;
+};
+
+struct DevExpert {
+  DevLinear w1, w2, w3;
+};
+
+struct DevLayer {
+  DevF32 hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
+  DevF32 attn_norm, ffn_norm, q_norm, kv_norm, sinks;
+  DevLinear wq_a, wq_b, wkv, wo_a, wo_b;
+  std::unique_ptr<DevCompressor> comp, index_comp;  // CSA/HCA; CSA
+  DevLinear index_wq_b, index_weights_proj;
+  DevLinear gate;
+  DevF32 gate_bias;
+  DeviceBuffer tid2eid;  // int32 [vocab, k], hash layers
+  std::unique_ptr<DeviceExperts> experts;  // packed FP4 block (moe_nvfp4), or
+  std::vector<DevExpert> dense_experts;    // one DevLinear triple per expert (any format)
+  DevExpert shared;
+  bool has_shared = false;
+};
+
+struct DevModel {
+  DeviceBuffer embed_data, embed_scale;
+  DeviceWeightView embed;
+  DevLinear head;
+  DevF32 norm, hc_head_fn, hc_head_base, hc_head_scale;
+  DevF32 rope_main_freqs, rope_compress_freqs;
+  RopeView rope_main, rope_compress;
+  std::vector<DevLayer> layers;
+  std::string report;  // bytes per module group, one line each
+  size_t total_bytes = 0;
+};
+
+// Device bytes the weights will take (the stored bytes of every tensor).
+size_t model_device_bytes(const Model& m);
+
+// Uploads every weight. Throws "needs X GiB, Y GiB free" when the model does not
+// fit in the device's free memory (cudaMemGetInfo) with `reserve_bytes` to spare.
+std::unique_ptr<DevModel> upload_model(const Model& m, size_t reserve_bytes);
+
+}  // namespace cm::cuda

@@ -1,0 +1,22 @@
+// Per-device kernel setup, run by cuda::Context when it is created for a
+// device (never in a process-wide static: attributes such as the dynamic
+// shared-memory limit belong to a device, and a second device or a reset one
+// must get them too). Each kernel file that needs setup defines its function.
+#pragma once
+
+namespace cm {
+namespace cuda {
+struct KernelSetup;
+}
+
+void setup_attention_kernels(int device);
+
+namespace cuda {
+// Fills the occupancy of the split-K decode kernels (sm90_nvfp4_linear.cu, sm90_fp8_linear.cu).
+void setup_nvfp4_decode_kernels(KernelSetup& s);
+void setup_fp8_decode_kernels(KernelSetup& s);
+// Raises the dynamic shared-memory limit of the wgmma prefill kernels (sm90_nvfp4_wgmma.cu).
+void setup_wgmma_kernels();
+}  // namespace cuda
+
+}  // namespace cm

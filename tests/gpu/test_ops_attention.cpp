@@ -1,0 +1,362 @@
+// GPU attention-side ops against CPU references on random inputs, with
+// batches that mix slots, prefill chunks longer than the window, decode
+// tokens and contexts past 4K:
+//  - compressor_step_cuda (CSA 4 × 512 / 4 × 128, HCA 128 × 512, tiny
+//    fixture shapes) over several steps: every entry against pooling,
+//    RMSNorm and RoPE of the full history with the CPU ops;
+//  - indexer_scores_cuda (64 heads × 128, > 1000 entries) against
+//    indexer_scores_cpu, and topk_lower_index_first_cuda against the CPU
+//    top-k on the same scores (exact indices, many exact ties);
+//  - attention_sink_cuda (64 heads × 512, rope 64, window 128, top-k 512 of
+//    > 512 entries; HCA; window only; 128 heads; tiny) against
+//    attention_sink_cpu + inverse RoPE, and window_store_cuda (exact ring).
+// Metric max|gpu − cpu| / max|cpu|; bf16 outputs (entries, attention) are
+// bounded by 8e-3 (bf16 rounding costs up to 2^-8 ≈ 3.9e-3 of max|ref|, twice
+// as margin), f32 index scores by 1e-5 (fp32 sums over 64 × 128 terms in
+// another order).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "op_check.h"
+#include "ops/attention.h"
+#include "ops/compressor.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace cm {
+namespace {
+
+using gputest::expect_err;
+using gputest::make_rope;
+using gputest::from_device;
+using gputest::Guarded;
+using gputest::max_rel;
+using gputest::Rng;
+using gputest::to_device;
+
+// A batch: runs of (slot, first position, length), contiguous per slot.
+struct SlotRun {
+  int32_t slot, pos0, len;
+};
+struct BatchRows {
+  std::vector<int32_t> slot, pos;
+  explicit BatchRows(const std::vector<SlotRun>& runs) {
+    for (const SlotRun& r : runs)
+      for (int32_t k = 0; k < r.len; ++k) {
+        slot.push_back(r.slot);
+        pos.push_back(r.pos0 + k);
+      }
+  }
+  int64_t n() const { return int64_t(slot.size()); }
+};
+
+std::string sh(const std::string& s, int64_t n) { return s + " tokens=" + std::to_string(n); }
+
+// ---------------------------------------------------------------- compressor
+
+struct CompCase {
+  int64_t m, c, dc, rope_dim;
+  const char* name;
+};
+
+TEST(GpuOps, CompressorEntriesOverSteps) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  const CompCase cases[] = {{4, 2, 512, 64, "CSA m=4 dc=512"},
+                            {4, 2, 128, 64, "CSA m=4 dc=128 (indexer)"},
+                            {128, 1, 512, 64, "HCA m=128 dc=512"},
+                            {16, 1, 32, 8, "HCA m=16 dc=32"},
+                            {4, 2, 32, 8, "CSA m=4 dc=32"}};
+  // Steps: mixed prefill chunks (longer than c·m), decode tokens, and a chunk past 4K.
+  const std::vector<std::vector<SlotRun>> steps = {
+      {{0, 0, 37}, {2, 0, 5}},
+      {{0, 37, 1}, {1, 0, 300}, {2, 5, 7}},
+      {{0, 38, 262}, {2, 12, 1}},
+      {{1, 300, 1}, {0, 300, 400}},
+      {{1, 301, 4099}, {2, 13, 3}},
+  };
+  const int64_t max_slots = 3, max_ctx = 4400;
+  for (const CompCase& cc : cases) {
+    Rng r(uint64_t(cc.m * 1000 + cc.dc));
+    const int64_t width = cc.c * cc.dc, cm = cc.c * cc.m, max_entries = max_ctx / cc.m;
+    const RopeTable tab = make_rope(cc.rope_dim, true);
+    std::vector<float> ape = gputest::rand_f32(size_t(cc.m * width), r, 0.5f);
+    std::vector<float> norm_w = gputest::rand_f32(size_t(cc.dc), r, 0.3f, 1.0f);
+    cuda::DeviceBuffer dape = to_device(ape), dnorm = to_device(norm_w), dfreq = to_device(tab.freqs);
+    cuda::DeviceBuffer pend_kv(size_t(max_slots * cm * width) * 4), pend_gate(size_t(max_slots * cm * width) * 4);
+    Guarded<uint16_t> entries(size_t(max_slots * max_entries * cc.dc));
+    CompressorStateView st{pend_kv.as<float>(), pend_gate.as<float>(), entries.ptr(), max_slots, max_entries,
+                           cc.m, cc.c, cc.dc};
+    RopeView rv{dfreq.as<float>(), cc.rope_dim, 1.0f};
+    std::vector<std::vector<float>> hkv(static_cast<size_t>(max_slots)), hgate(static_cast<size_t>(max_slots));
+    for (const auto& runs : steps) {
+      BatchRows b(runs);
+      std::vector<float> kv = gputest::rand_f32(size_t(b.n() * width), r, 1.0f);
+      std::vector<float> gate = gputest::rand_f32(size_t(b.n() * width), r, 2.0f);
+      for (int64_t i = 0; i < b.n(); ++i) {
+        auto& hk = hkv[size_t(b.slot[size_t(i)])];
+        auto& hg = hgate[size_t(b.slot[size_t(i)])];
+        ASSERT_EQ(int64_t(hk.size()), int64_t(b.pos[size_t(i)]) * width);
+        hk.insert(hk.end(), kv.begin() + i * width, kv.begin() + (i + 1) * width);
+        hg.insert(hg.end(), gate.begin() + i * width, gate.begin() + (i + 1) * width);
+      }
+      cuda::DeviceBuffer dkv = to_device(kv), dgate = to_device(gate), ds = to_device(b.slot), dp = to_device(b.pos);
+      compressor_step_cuda(ctx, st, dape.as<float>(), dnorm.as<float>(), 1e-6f, rv, dkv.as<float>(),
+                           dgate.as<float>(), ds.as<int32_t>(), dp.as<int32_t>(), b.n());
+      ctx.sync();
+    }
+    // Reference: every completed entry pooled from the full history.
+    std::vector<uint16_t> got = entries.get();
+    std::vector<float> g_all, r_all;
+    std::vector<float> skv(size_t(cm * cc.dc)), sgate(size_t(cm * cc.dc)), e(static_cast<size_t>(cc.dc));
+    int64_t n_entries = 0;
+    for (int64_t s = 0; s < max_slots; ++s) {
+      const int64_t len = int64_t(hkv[size_t(s)].size()) / width;
+      for (int64_t ei = 0; ei < len / cc.m; ++ei) {
+        for (int64_t k = 0; k < cm; ++k) {
+          const int64_t q = (cc.c == 2 ? (ei - 1) * cc.m : ei * cc.m) + k;
+          const int64_t col0 = (cc.c == 2 && k >= cc.m) ? cc.dc : 0;
+          for (int64_t ch = 0; ch < cc.dc; ++ch) {
+            if (q < 0) {
+              skv[size_t(k * cc.dc + ch)] = 0.f;
+              sgate[size_t(k * cc.dc + ch)] = -INFINITY;
+            } else {
+              skv[size_t(k * cc.dc + ch)] = hkv[size_t(s)][size_t(q * width + col0 + ch)];
+              sgate[size_t(k * cc.dc + ch)] =
+                  hgate[size_t(s)][size_t(q * width + col0 + ch)] + ape[size_t((q % cc.m) * width + col0 + ch)];
+            }
+          }
+        }
+        compress_pool_cpu(skv.data(), sgate.data(), cm, cc.dc, e.data());
+        rms_norm_cpu(e.data(), norm_w.data(), 1, cc.dc, 1e-6f, e.data());
+        rope_apply_cpu(e.data(), 1, cc.dc, ei * cc.m, tab, false);
+        for (int64_t ch = 0; ch < cc.dc; ++ch) {
+          r_all.push_back(e[size_t(ch)]);
+          g_all.push_back(bf16_to_f32(got[size_t((s * max_entries + ei) * cc.dc + ch)]));
+        }
+        ++n_entries;
+      }
+    }
+    ASSERT_GT(n_entries, 0);
+    expect_err("compressor entries", std::string(cc.name) + " entries=" + std::to_string(n_entries),
+               max_rel(g_all, r_all), 8e-3);
+  }
+}
+
+// ---------------------------------------------------------------- indexer and top-k
+
+TEST(GpuOps, IndexerScoresAndTopk) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  Rng r(11);
+  const int64_t H = 64, D = 128, m = 4, K = 512, max_slots = 3, max_entries = 1300;
+  // slot 0: a prefill chunk past 5K (1247..1250 causal entries), slot 1: decode at 300 (75 < k entries),
+  // slot 2: the first tokens of a prompt (0, 1 or 2 entries).
+  BatchRows b({{0, 4990, 10}, {1, 299, 1}, {2, 0, 8}});
+  std::vector<float> keys_v, q_v;
+  std::vector<uint16_t> keys = gputest::rand_bf16(size_t(max_slots * max_entries * D), r, 1.0f, &keys_v);
+  std::vector<uint16_t> q = gputest::rand_bf16(size_t(b.n() * H * D), r, 1.0f, &q_v);
+  std::vector<float> w = gputest::rand_f32(size_t(b.n() * H), r, 0.1f, 0.02f);
+  cuda::DeviceBuffer dkeys = to_device(keys), dq = to_device(q), dw = to_device(w);
+  cuda::DeviceBuffer ds = to_device(b.slot), dp = to_device(b.pos);
+  CompressorStateView ks{nullptr, nullptr, dkeys.as<uint16_t>(), max_slots, max_entries, m, 2, D};
+  Guarded<float> score(size_t(b.n() * max_entries));
+  indexer_scores_cuda(ctx, ks, dq.as<uint16_t>(), dw.as<float>(), H, ds.as<int32_t>(), dp.as<int32_t>(), b.n(),
+                      (4999 + 1) / m, score.ptr(), max_entries);
+  Guarded<int32_t> idx(size_t(b.n() * K));
+  topk_lower_index_first_cuda(ctx, score.ptr(), max_entries, dp.as<int32_t>(), m, b.n(), K, idx.ptr());
+  ctx.sync();
+  const std::vector<float> gs = score.get();
+  const std::vector<int32_t> gi = idx.get();
+  // The same inputs again: the same bits.
+  indexer_scores_cuda(ctx, ks, dq.as<uint16_t>(), dw.as<float>(), H, ds.as<int32_t>(), dp.as<int32_t>(), b.n(),
+                      (4999 + 1) / m, score.ptr(), max_entries);
+  topk_lower_index_first_cuda(ctx, score.ptr(), max_entries, dp.as<int32_t>(), m, b.n(), K, idx.ptr());
+  ctx.sync();
+  {
+    const std::vector<float> again = score.get();
+    EXPECT_EQ(0, std::memcmp(again.data(), gs.data(), gs.size() * 4)) << "indexer scores differ between runs";
+    EXPECT_EQ(idx.get(), gi) << "top-k differs between runs";
+  }
+  std::vector<float> g_all, r_all, ref(static_cast<size_t>(max_entries));
+  for (int64_t i = 0; i < b.n(); ++i) {
+    const int64_t s = b.slot[size_t(i)], cnt = (b.pos[size_t(i)] + 1) / m;
+    indexer_scores_cpu(&q_v[size_t(i * H * D)], &keys_v[size_t(s * max_entries * D)], cnt, &w[size_t(i * H)], H, D,
+                       ref.data());
+    for (int64_t e = 0; e < cnt; ++e) {
+      g_all.push_back(gs[size_t(i * max_entries + e)]);
+      r_all.push_back(ref[size_t(e)]);
+    }
+    std::vector<int32_t> want = topk_lower_index_first(&gs[size_t(i * max_entries)], cnt, K);
+    want.resize(size_t(K), -1);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), gi.begin() + i * K)) << "top-k of token " << i;
+  }
+  expect_err("indexer scores", "heads=64 dim=128 entries<=1250 tokens=" + std::to_string(b.n()),
+             max_rel(g_all, r_all), 1e-5);
+}
+
+TEST(GpuOps, TopkLowerIndexFirstWithTies) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  Rng r(12);
+  const std::vector<int64_t> ns = {1, 511, 512, 513, 3000, 16384, 70000, 70000, 9000};
+  const int64_t ld = 70000;
+  std::vector<float> sc(ns.size() * size_t(ld), 0.f);
+  std::vector<int32_t> pos(ns.size());
+  for (size_t row = 0; row < ns.size(); ++row) {
+    pos[row] = int32_t(ns[row] - 1);  // ratio 1: count = pos + 1
+    for (int64_t e = 0; e < ns[row]; ++e) {
+      float v;
+      switch (row % 3) {
+        case 0: v = 2.f * r.uniform() - 1.f; break;                      // distinct values
+        case 1: v = float(int(r.next() % 4)) * 0.5f - 0.5f; break;       // 4 values: massive ties
+        default: v = (r.next() % 3 == 0) ? 0.f : r.uniform(); break;     // many exact zeros (ReLU)
+      }
+      if (v == 0.f && (r.next() & 1)) v = -0.f;  // −0 ties with +0
+      sc[row * size_t(ld) + size_t(e)] = v;
+    }
+  }
+  cuda::DeviceBuffer dsc = to_device(sc), dp = to_device(pos);
+  for (int64_t k : {8, 512, 1024, 2048}) {
+    Guarded<int32_t> idx(ns.size() * size_t(k));
+    topk_lower_index_first_cuda(ctx, dsc.as<float>(), ld, dp.as<int32_t>(), 1, int64_t(ns.size()), k, idx.ptr());
+    ctx.sync();
+    const std::vector<int32_t> gi = idx.get();
+    for (size_t row = 0; row < ns.size(); ++row) {
+      std::vector<int32_t> want = topk_lower_index_first(&sc[row * size_t(ld)], ns[row], k);
+      want.resize(size_t(k), -1);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), gi.begin() + int64_t(row) * k))
+          << "k=" << k << " n=" << ns[row] << " row " << row;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- attention
+
+struct AttnCase {
+  int64_t H, D, rope, W;
+  int kind;  // 0 window only, 1 HCA (all causal entries), 2 CSA (selected)
+  int64_t m, topk;
+  std::vector<SlotRun> runs;
+  const char* name;
+};
+
+void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed) {
+  Rng r(seed);
+  BatchRows b(ac.runs);
+  const int64_t H = ac.H, D = ac.D, W = ac.W, n = b.n();
+  int64_t max_slots = 0, max_ctx = 0;
+  for (const SlotRun& run : ac.runs) {
+    max_slots = std::max<int64_t>(max_slots, run.slot + 1);
+    max_ctx = std::max<int64_t>(max_ctx, run.pos0 + run.len);
+  }
+  const int64_t max_entries = ac.kind ? std::max<int64_t>(1, max_ctx / ac.m) : 0;
+  const RopeTable tab = make_rope(ac.rope, ac.kind != 0);
+  // Full KV history per slot (bf16 values); the ring holds the rows before each slot's chunk.
+  std::vector<std::vector<float>> hist(static_cast<size_t>(max_slots));
+  std::vector<std::vector<uint16_t>> hist_b(static_cast<size_t>(max_slots));
+  for (const SlotRun& run : ac.runs)
+    hist_b[size_t(run.slot)] = gputest::rand_bf16(size_t((run.pos0 + run.len) * D), r, 1.0f, &hist[size_t(run.slot)]);
+  std::vector<uint16_t> ring(size_t(max_slots * W * D), 0), kv(size_t(n * D));
+  for (const SlotRun& run : ac.runs)
+    for (int64_t q = std::max<int64_t>(0, run.pos0 - W); q < run.pos0; ++q)
+      std::copy_n(&hist_b[size_t(run.slot)][size_t(q * D)], D, &ring[size_t((run.slot * W + q % W) * D)]);
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(&hist_b[size_t(b.slot[size_t(i)])][size_t(b.pos[size_t(i)] * D)], D, &kv[size_t(i * D)]);
+  std::vector<float> ent_v, q_v;
+  std::vector<uint16_t> ent = gputest::rand_bf16(size_t(std::max<int64_t>(1, max_slots * max_entries * D)), r, 1.0f, &ent_v);
+  std::vector<uint16_t> q = gputest::rand_bf16(size_t(n * H * D), r, 3.0f, &q_v);
+  std::vector<float> sinks = gputest::rand_f32(size_t(H), r, 1.0f);
+  std::vector<int32_t> sel;
+  if (ac.kind == 2) {
+    sel.assign(size_t(n * ac.topk), -1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t cnt = std::min<int64_t>((b.pos[size_t(i)] + 1) / ac.m, max_entries);
+      std::vector<int32_t> all(static_cast<size_t>(cnt));
+      for (int64_t e = 0; e < cnt; ++e) all[size_t(e)] = int32_t(e);
+      for (int64_t e = cnt - 1; e > 0; --e) std::swap(all[size_t(e)], all[size_t(r.next() % uint64_t(e + 1))]);
+      for (int64_t k = 0; k < std::min(cnt, ac.topk); ++k) sel[size_t(i * ac.topk + k)] = all[size_t(k)];
+    }
+  }
+  cuda::DeviceBuffer dring = to_device(ring), dkv = to_device(kv), dent = to_device(ent), dq = to_device(q);
+  cuda::DeviceBuffer dsinks = to_device(sinks), dsel = to_device(sel), ds = to_device(b.slot), dp = to_device(b.pos);
+  cuda::DeviceBuffer dfreq = to_device(tab.freqs);
+  AttnInputs in;
+  in.kv = dkv.as<uint16_t>();
+  in.window = dring.as<uint16_t>();
+  in.W = W;
+  if (ac.kind) {
+    in.entries = dent.as<uint16_t>();
+    in.max_entries = max_entries;
+    in.ratio = ac.m;
+  }
+  if (ac.kind == 2) {
+    in.sel = dsel.as<int32_t>();
+    in.topk = ac.topk;
+  }
+  in.sinks = dsinks.as<float>();
+  RopeView rv{dfreq.as<float>(), ac.rope, 1.0f};
+  const float scale = 1.0f / std::sqrt(float(D));
+  Guarded<uint16_t> out(size_t(n * H * D)), out2(size_t(n * H * D));
+  attention_sink_cuda(ctx, in, dq.as<uint16_t>(), H, D, scale, rv, ds.as<int32_t>(), dp.as<int32_t>(), n, out.ptr());
+  attention_sink_cuda(ctx, in, dq.as<uint16_t>(), H, D, scale, rv, ds.as<int32_t>(), dp.as<int32_t>(), n, out2.ptr());
+  window_store_cuda(ctx, dkv.as<uint16_t>(), dring.as<uint16_t>(), W, D, ds.as<int32_t>(), dp.as<int32_t>(), n);
+  ctx.sync();
+  const std::vector<uint16_t> got_b = out.get();
+  EXPECT_EQ(got_b, out2.get()) << "attention is not deterministic: " << ac.name;
+
+  std::vector<float> ref(size_t(n * H * D));
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = b.slot[size_t(i)], p = b.pos[size_t(i)];
+    std::vector<const float*> ptrs;
+    for (int64_t qp = std::max<int64_t>(0, p - W + 1); qp <= p; ++qp) ptrs.push_back(&hist[size_t(s)][size_t(qp * D)]);
+    if (ac.kind == 1)
+      for (int64_t e = 0; e < std::min((p + 1) / ac.m, max_entries); ++e)
+        ptrs.push_back(&ent_v[size_t((s * max_entries + e) * D)]);
+    if (ac.kind == 2)
+      for (int64_t k = 0; k < ac.topk; ++k)
+        if (sel[size_t(i * ac.topk + k)] >= 0)
+          ptrs.push_back(&ent_v[size_t((s * max_entries + sel[size_t(i * ac.topk + k)]) * D)]);
+    attention_sink_cpu(&q_v[size_t(i * H * D)], ptrs.data(), int64_t(ptrs.size()), sinks.data(), H, D, scale,
+                       &ref[size_t(i * H * D)]);
+    rope_apply_cpu(&ref[size_t(i * H * D)], H, D, p, tab, true);
+  }
+  expect_err("attention+inv rope", sh(ac.name, n), max_rel(gputest::bf16_vals(got_b), ref), 8e-3);
+
+  // The ring now holds, per slot and residue, the latest position's row.
+  std::vector<uint16_t> want = ring;
+  for (const SlotRun& run : ac.runs)
+    for (int64_t qp = std::max<int64_t>(0, run.pos0 + run.len - W); qp < run.pos0 + run.len; ++qp)
+      std::copy_n(&hist_b[size_t(run.slot)][size_t(qp * D)], D, &want[size_t((run.slot * W + qp % W) * D)]);
+  EXPECT_EQ(from_device<uint16_t>(dring, want.size()), want) << "window ring after window_store_cuda: " << ac.name;
+}
+
+TEST(GpuOps, AttentionWithSinksFlashShapes) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  // V4-Flash CSA: 64 heads × 512, rope 64, window 128, top-512 of > 1000 entries (contexts past 4K), a
+  // decode token, a short chunk, and a 151-token prefill (longer than the window).
+  check_attention(ctx, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 4}, {1, 6000, 1}, {2, 0, 151}}, "Flash CSA"}, 21);
+  // V4-Flash HCA: all causal entries of ratio 128 (35 at 4.5K).
+  check_attention(ctx, {64, 512, 64, 128, 1, 128, 0, {{0, 4200, 2}, {1, 4350, 1}, {2, 0, 130}}, "Flash HCA"}, 22);
+  // Window-only layer.
+  check_attention(ctx, {64, 512, 64, 128, 0, 0, 0, {{1, 300, 3}, {0, 0, 200}}, "Flash SWA"}, 23);
+}
+
+TEST(GpuOps, AttentionWithSinksOtherShapes) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  check_attention(ctx, {128, 512, 64, 128, 2, 4, 1024, {{0, 5000, 2}, {1, 0, 20}}, "Pro 128 heads CSA"}, 31);
+  check_attention(ctx, {4, 32, 8, 12, 2, 4, 4, {{0, 0, 30}, {1, 40, 1}, {2, 7, 5}}, "tiny CSA"}, 32);
+  check_attention(ctx, {4, 32, 8, 12, 1, 16, 0, {{0, 0, 40}, {1, 100, 3}}, "tiny HCA"}, 33);
+  check_attention(ctx, {4, 128, 32, 128, 1, 128, 0, {{0, 0, 300}, {1, 1000, 2}}, "default-model HCA"}, 34);
+}
+
+}  // namespace
+}  // namespace cm

@@ -1,0 +1,49 @@
+// The engine seam's suite (tests/seam_suite.h) on the CUDA backend, in the GPU
+// test binary so the device run executes it: golden fixtures vs transformers,
+// the mixed batch vs lone runs, determinism, reservation errors, copy/reset.
+#include "../seam_suite.h"
+
+namespace seam_suite {
+
+INSTANTIATE_TEST_SUITE_P(Gpu, Seam, ::testing::Values(Device::CUDA),
+                         [](const ::testing::TestParamInfo<Device>& i) { return std::string(device_name(i.param)); });
+
+}  // namespace seam_suite
+
+namespace {
+
+using namespace cm;
+
+// The default model (NVFP4 linears, routed experts through the packed FP4 MoE
+// kernels, which no golden fixture's shape takes): the GPU's logits against
+// the CPU backend's (3% of max|logit|, argmax agreement >= 95%), and chunked
+// decode on the GPU equal to its own one-step prefill bit for bit.
+TEST(SeamCudaDefaultModel, MatchesCpuAndChunkingIsBitExact) {
+  if (!device_available(Device::CUDA)) GTEST_SKIP() << "no CUDA device";
+  auto m = model_load(seam_suite::kData + "/../../models/default");
+  const int64_t V = m->config.vocab_size, T = 45;
+  std::vector<int32_t> toks(static_cast<size_t>(T));
+  std::mt19937 rng(3);
+  for (int32_t& t : toks) t = int32_t(rng() % uint32_t(V));
+  std::vector<float> cpu = test::cpu_logits(*m, toks, 0);
+  auto be = test::reserved_backend(*m, Device::CUDA, 2, int32_t(T), 256);
+  std::printf("  default model: %zu bytes of device state per slot at a 4096-token context\n",
+              be->bytes_per_slot(CacheShape{1, 1, 4096}));
+  std::vector<float> whole = test::feed_chunks(*be, 0, toks.data(), T, 0, V);
+  std::vector<float> chunked = test::feed_chunks(*be, 1, toks.data(), T, 7, V);
+  double amax = 0;
+  const double d = seam_suite::max_abs(whole, cpu, &amax);
+  int64_t agree = 0;
+  for (int64_t r = 0; r < T; ++r) {
+    const auto g0 = whole.begin() + r * V, c0 = cpu.begin() + r * V;
+    agree += std::max_element(g0, g0 + V) - g0 == std::max_element(c0, c0 + V) - c0;
+  }
+  std::printf("  default model: max |cuda - cpu| = %.3g (%.2f%% of max |logit| %.3g), argmax agreement %lld/%lld\n", d,
+              100.0 * d / amax, amax, (long long)agree, (long long)T);
+  EXPECT_LE(d, 0.03 * amax);
+  EXPECT_GE(double(agree), 0.95 * double(T));
+  EXPECT_EQ(std::memcmp(whole.data(), chunked.data(), whole.size() * 4), 0)
+      << "chunks of 7 differ from one prefill (max |Δ| " << seam_suite::max_abs(whole, chunked) << ")";
+}
+
+}  // namespace
