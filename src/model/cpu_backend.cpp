@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "engine/comm.h"
 #include "ops/compressor.h"
 #include "ops/hc.h"
 #include "ops/norm.h"
@@ -50,7 +51,16 @@ HcParams hc_params(const Config& c, const HcWeights& w) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(const Model& m, const BackendOptions& opt) : m_(m), opt_(opt) {}
+CpuBackend::CpuBackend(const Model& m, const BackendOptions& opt) : m_(m), opt_(opt) {
+  // The routed experts this rank runs must be exactly the ones its model loaded.
+  const int64_t E = m.config.n_routed_experts;
+  const int R = opt.ep_comm ? opt.ep_comm->size() : 1, r = opt.ep_comm ? opt.ep_comm->rank() : 0;
+  const int64_t e0 = expert_first(E, r, R), e1 = expert_first(E, r + 1, R);
+  if (m.weights.experts_first != e0 || m.weights.experts_end != e1)
+    fail("expert parallelism: rank {} of {} runs routed experts [{}, {}) but its model loaded [{}, {}) (load it with "
+         "LoadOptions::experts = {{{}, {}}})",
+         r, R, e0, e1, m.weights.experts_first, m.weights.experts_end, e0, e1 - e0);
+}
 
 // Floats of one slot's arena (layout_slot hands them out in the same order).
 size_t CpuBackend::slot_floats(const CacheShape& shape) const {
@@ -132,6 +142,16 @@ void CpuBackend::reserve(const CacheShape& shape) {
   sized(a.ecount, E), sized(a.estart, E + 1), sized(a.erow, N * K), sized(a.eweight, N * K);
   sized(a.xs, N * K * D), sized(a.g, N * K * I), sized(a.up, N * K * I), sized(a.y, N * K * D);
   sized(a.routed, N * D), sized(a.head_in, N * hc * D), sized(a.final_y, N * D);
+  if (opt_.ep_comm && opt_.ep_comm->size() > 1) {
+    // Every pair of the step goes to exactly one owner, so N·K bounds each buffer on every rank.
+    const int64_t R = opt_.ep_comm->size();
+    sized(a.ep.send_n, R), sized(a.ep.recv_n, R), sized(a.ep.gather_n, R), sized(a.ep.slot_of_pair, N * K);
+    sized(a.ep.send_f, R), sized(a.ep.recv_f, R), a.ep.ones.assign(size_t(R), 1);
+    sized(a.ep.send_c, R), sized(a.ep.recv_c, R);
+    sized(a.ep.send_x, N * K * D), sized(a.ep.recv_x, N * K * D), sized(a.ep.send_e, N * K);
+    sized(a.ep.recv_e, N * K), sized(a.ep.recv_y, N * K * D), sized(a.ep.back_y, N * K * D);
+    sized(a.ep.recv_pos, N * K);
+  }
   int64_t max_m = 1, max_entries = 0, max_ientries = 0;
   for (int64_t L = 0; L < c.num_layers; ++L) {
     const AttnKind k = c.attn_kinds[size_t(L)];
