@@ -14,7 +14,7 @@ namespace cm::test {
 
 inline void run_ranks(int R, const std::function<void(Comm&)>& fn) {
   std::vector<std::unique_ptr<Comm>> comms = make_thread_comms(R);
-  std::vector<std::exception_ptr> err(size_t(R));
+  std::vector<std::exception_ptr> err(static_cast<size_t>(R));
   std::vector<std::thread> th;
   for (int r = 0; r < R; ++r)
     th.emplace_back([&, r] {

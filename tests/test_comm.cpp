@@ -59,7 +59,7 @@ TEST_P(CommTest, AllGatherAndV) {
     for (int r = 0; r < R; ++r)
       for (int i = 0; i < 3; ++i) EXPECT_EQ(g[size_t(r * 3 + i)], float(r * 10 + i));
     // Rank r sends r elements (rank 0 none).
-    std::vector<int64_t> counts(size_t(R));
+    std::vector<int64_t> counts(static_cast<size_t>(R));
     int64_t total = 0;
     for (int r = 0; r < R; ++r) counts[size_t(r)] = r, total += r;
     std::vector<int32_t> mine(size_t(me) + 1), all(size_t(total) + 1, -1);
@@ -76,7 +76,7 @@ TEST_P(CommTest, ReduceScatter) {
   const int R = GetParam();
   test::run_ranks(R, [&](Comm& c) {
     const int me = c.rank(), n = 4;
-    std::vector<int32_t> s(size_t(R * n)), out(size_t(n));
+    std::vector<int32_t> s(static_cast<size_t>(R * n)), out(static_cast<size_t>(n));
     for (int q = 0; q < R; ++q)
       for (int i = 0; i < n; ++i) s[size_t(q * n + i)] = me * 1000 + q * 10 + i;
     c.reduce_scatter_sum(s.data(), n, out.data());
@@ -101,7 +101,7 @@ TEST_P(CommTest, AllToAllAndV) {
       EXPECT_EQ(r[size_t(2 * q + 1)], -float(q * 100 + me));
     }
     // all_to_allv: me sends (me + q) % 3 elements to q (zero-length blocks included).
-    std::vector<int64_t> sc(size_t(R)), rc(size_t(R));
+    std::vector<int64_t> sc(static_cast<size_t>(R)), rc(static_cast<size_t>(R));
     std::vector<int32_t> sv, rv;
     for (int q = 0; q < R; ++q) {
       sc[size_t(q)] = (me + q) % 3, rc[size_t(q)] = (q + me) % 3;
@@ -141,7 +141,7 @@ TEST_P(CommTest, CountMismatchIsAnError) {
   try {
     test::run_ranks(R, [&](Comm& c) {
       std::vector<int64_t> sc(size_t(R), 1), rc(size_t(R), 2);
-      std::vector<float> s(size_t(R)), r(size_t(2 * R));
+      std::vector<float> s(static_cast<size_t>(R)), r(size_t(2 * R));
       c.all_to_allv(s.data(), sc.data(), r.data(), rc.data());
     });
     FAIL() << "expected an error";

@@ -49,11 +49,27 @@ struct RankRun {
 };
 
 // Runs tokens through R ranks (chunk tokens per step, 0 = one prefill); one entry per rank.
+// Three experts per token instead of the fixtures' two (so the order of a row's
+// additions matters: with two, a + b == b + a): hash layers get tid2eid rows
+// (t, t+3, t+5) mod E.
+void three_per_token(Model& m) {
+  Config& c = m.config;
+  c.n_experts_per_tok = 3;
+  for (LayerWeights& lw : m.weights.layers) {
+    if (lw.tid2eid.empty()) continue;
+    lw.tid2eid.assign(size_t(c.vocab_size * 3), 0);
+    for (int64_t t = 0; t < c.vocab_size; ++t)
+      for (int64_t j = 0; j < 3; ++j)
+        lw.tid2eid[size_t(t * 3 + j)] = int32_t((t + (j == 0 ? 0 : j == 1 ? 3 : 5)) % c.n_routed_experts);
+  }
+}
+
 std::vector<RankRun> run_ep(const std::string& dir, int R, const std::vector<int32_t>& toks, int64_t chunk,
-                            int32_t route_to = -1) {
-  std::vector<RankRun> out(size_t(R));
+                            int32_t route_to = -1, bool three = false) {
+  std::vector<RankRun> out(static_cast<size_t>(R));
   test::run_ranks(R, [&](Comm& comm) {
     auto m = load_rank(dir, comm.rank(), R);
+    if (three) three_per_token(*m);
     if (route_to >= 0) route_all_to(*m, route_to);
     BackendOptions opt;
     opt.ep_comm = &comm;
@@ -68,8 +84,9 @@ std::vector<RankRun> run_ep(const std::string& dir, int R, const std::vector<int
 }
 
 std::vector<float> run_one(const std::string& dir, const std::vector<int32_t>& toks, int64_t chunk,
-                           int32_t route_to = -1) {
+                           int32_t route_to = -1, bool three = false) {
   auto m = model_load(dir);
+  if (three) three_per_token(*m);
   if (route_to >= 0) route_all_to(*m, route_to);
   return test::cpu_logits(*m, toks, chunk);
 }
@@ -133,6 +150,61 @@ TEST(EpRouting, AllTokensOnOneRank) {
   EXPECT_NE(std::memcmp(normal.data(), ref.data(), ref.size() * 4), 0);
 }
 
+// Data-parallel attention: each rank steps its own sequence (the fixture's tokens
+// from offset r, so every rank has a different prefill length), one prefill then
+// 4 single-token decode steps, and gets the logits one rank gives that sequence.
+TEST(EpDataParallel, EachRankItsOwnSequence) {
+  const std::string dir = kData + "/golden/release_real_ratios";
+  test::Expected g = test::read_expected(dir);
+  const int64_t T = int64_t(g.tokens.size()), decode = 4;
+  auto ref_model = model_load(dir);
+  const int64_t V = ref_model->config.vocab_size;
+  for (int R : {2, 4}) {
+    ASSERT_GT(T - R - decode, 1);
+    std::vector<std::vector<float>> got(static_cast<size_t>(R));
+    test::run_ranks(R, [&](Comm& comm) {
+      const int r = comm.rank();
+      auto m = load_rank(dir, r, R);
+      BackendOptions opt;
+      opt.ep_comm = &comm;
+      opt.ep_data_parallel = true;
+      CpuBackend be(*m, opt);
+      be.reserve(CacheShape{1, int32_t(T), T});
+      const int32_t* toks = g.tokens.data() + r;
+      const int64_t n0 = T - r - decode;
+      std::vector<float> a = test::feed_chunks(be, 0, toks, n0, 0, V);
+      std::vector<float> b = test::feed_chunks(be, 0, toks + n0, decode, 1, V);
+      a.insert(a.end(), b.begin(), b.end());
+      got[size_t(r)] = std::move(a);
+    });
+    for (int r = 0; r < R; ++r) {
+      auto be = test::reserved_backend(*ref_model, Device::CPU, 1, int32_t(T), T);
+      const int32_t* toks = g.tokens.data() + r;
+      const int64_t n0 = T - r - decode;
+      std::vector<float> want = test::feed_chunks(*be, 0, toks, n0, 0, V);
+      std::vector<float> b = test::feed_chunks(*be, 0, toks + n0, decode, 1, V);
+      want.insert(want.end(), b.begin(), b.end());
+      expect_bit_equal(got[size_t(r)], want, "data parallel R=" + std::to_string(R) + " rank " + std::to_string(r));
+    }
+  }
+}
+
+// Three experts per token over 2, 3 and 4 ranks: the routed sum is still added
+// in ascending expert id order, so the logits stay bit-identical to one rank.
+TEST(EpRouting, ThreeExpertsPerToken) {
+  const std::string dir = kData + "/golden/release_real_ratios";  // hash and score layers
+  test::Expected g = test::read_expected(dir);
+  for (int64_t chunk : {int64_t(0), int64_t(5)}) {
+    const std::vector<float> ref = run_one(dir, g.tokens, chunk, -1, true);
+    EXPECT_NE(std::memcmp(ref.data(), run_one(dir, g.tokens, chunk).data(), ref.size() * 4), 0);
+    for (int R : {2, 3, 4}) {
+      std::vector<RankRun> runs = run_ep(dir, R, g.tokens, chunk, -1, true);
+      for (int r = 0; r < R; ++r)
+        expect_bit_equal(runs[size_t(r)].logits, ref, "K=3 R=" + std::to_string(R) + " rank " + std::to_string(r));
+    }
+  }
+}
+
 // Rank r's model holds only experts [r·E/R, (r+1)·E/R); the rest are empty and
 // the shared expert and attention are loaded on every rank.
 TEST(EpWeights, RankHoldsOnlyItsExperts) {
@@ -153,7 +225,9 @@ TEST(EpWeights, RankHoldsOnlyItsExperts) {
         }
       }
       EXPECT_NE(lw.wq_a.data, nullptr);
-      if (lw.has_shared) EXPECT_NE(lw.shared.w1.data, nullptr);
+      if (lw.has_shared) {
+        EXPECT_NE(lw.shared.w1.data, nullptr);
+      }
     }
   }
 }

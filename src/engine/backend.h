@@ -58,9 +58,13 @@ struct BackendOptions {
   ActQuant act_quant = ActQuant::NONE;           // CPU: W4A4 emulation of NVFP4 linears
   // CPU: expert parallelism over ep_comm's ranks (null or one rank: off). Rank r owns the
   // routed experts [r·E/R, (r+1)·E/R) and its Model must be loaded with that expert range
-  // (LoadOptions::experts); every rank runs the same batch (attention, router and shared expert
-  // replicated), and a step is a collective: all ranks call it together.
+  // (LoadOptions::experts). A step is a collective: all ranks call it together.
+  //   ep_data_parallel false: every rank runs the same batch (attention, router and shared expert
+  //                           replicated; each rank gets the whole step's logits);
+  //   ep_data_parallel true:  each rank runs its own batch (its own sequences, any size; attention
+  //                           data-parallel) and only the routed experts' rows cross ranks.
   Comm* ep_comm = nullptr;
+  bool ep_data_parallel = false;
 };
 
 class ModelBackend {

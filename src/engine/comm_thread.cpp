@@ -106,7 +106,9 @@ class ThreadComm final : public Comm {
     int64_t off = 0;
     for (int r = 0; r < g_->ranks; ++r) {
       check_count(r, counts[r], "all_gatherv");
-      std::memcpy(static_cast<char*>(recv) + off * b, g_->posted[size_t(r)].send, size_t(counts[r] * b));
+      char* dst = static_cast<char*>(recv) + off * b;
+      if (dst != g_->posted[size_t(r)].send)  // in place: this rank's block already sits in recv
+        std::memcpy(dst, g_->posted[size_t(r)].send, size_t(counts[r] * b));
       off += counts[r];
     }
     g_->barrier(rank_, "all_gatherv");

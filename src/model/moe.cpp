@@ -17,6 +17,8 @@
 // order, so the routed sum is bit-identical to one rank — and an all-gather
 // gives every rank the whole [N, D] routed sum. A rank may have no home rows
 // (N < R) or receive no pairs; it still takes part in every collective.
+// Data-parallel attention (ep_data_parallel): each rank steps its own batch,
+// every row is home, and nothing is gathered at the end.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -70,7 +72,8 @@ void moe_routed_ep(CpuBackend& be, Comm& comm, int64_t L, const float* x, float*
   CpuActivations::Ep& ep = a.ep;
   const int R = comm.size(), me = comm.rank();
   const int64_t N = be.batch().n, D = c.hidden_size, E = c.n_routed_experts, K = c.n_experts_per_tok;
-  const int64_t h0 = int64_t(me) * N / R, h1 = int64_t(me + 1) * N / R;
+  const bool dp = be.options().ep_data_parallel;  // every row is home (this rank's own batch)
+  const int64_t h0 = dp ? 0 : int64_t(me) * N / R, h1 = dp ? N : int64_t(me + 1) * N / R;
   const int64_t e0 = expert_first(E, me, R), e1 = expert_first(E, me + 1, R);
 
   // Dispatch: home pairs grouped by owner rank (pairs in (t, k) order within a rank).
@@ -89,6 +92,10 @@ void moe_routed_ep(CpuBackend& be, Comm& comm, int64_t L, const float* x, float*
   comm.all_to_allv(ep.send_n.data(), ep.ones.data(), ep.recv_n.data(), ep.ones.data());
   int64_t n_recv = 0;
   for (int q = 0; q < R; ++q) n_recv += ep.recv_n[size_t(q)];
+  if (n_recv > int64_t(ep.recv_e.size()))
+    fail("expert parallelism: rank {} receives {} (row, expert) pairs in layer {}, above the {} it reserved (every "
+         "rank must reserve the same max_step_tokens)",
+         me, n_recv, L, ep.recv_e.size());
   std::vector<int64_t>&send_f = ep.send_f, &recv_f = ep.recv_f;
   for (int q = 0; q < R; ++q) {
     ep.send_c[size_t(q)] = ep.send_n[size_t(q)], ep.recv_c[size_t(q)] = ep.recv_n[size_t(q)];
@@ -135,6 +142,7 @@ void moe_routed_ep(CpuBackend& be, Comm& comm, int64_t L, const float* x, float*
                    ep.back_y.data() + int64_t(ep.slot_of_pair[size_t(t * K + best)]) * D, D);
     }
   }
+  if (dp) return;
   for (int q = 0; q < R; ++q) ep.gather_n[size_t(q)] = (int64_t(q + 1) * N / R - int64_t(q) * N / R) * D;
   comm.all_gatherv(routed + h0 * D, ep.gather_n.data(), routed);
 }
