@@ -12,8 +12,8 @@
 
 namespace cm::test {
 
-inline void run_ranks(int R, const std::function<void(Comm&)>& fn) {
-  std::vector<std::unique_ptr<Comm>> comms = make_thread_comms(R);
+inline void run_ranks(int R, const std::function<void(Comm&)>& fn, double timeout_s = 120) {
+  std::vector<std::unique_ptr<Comm>> comms = make_thread_comms(R, timeout_s);
   std::vector<std::exception_ptr> err(static_cast<size_t>(R));
   std::vector<std::thread> th;
   for (int r = 0; r < R; ++r)

@@ -150,6 +150,27 @@ TEST_P(CommTest, CountMismatchIsAnError) {
   }
 }
 
+// A rank that dies (returns without joining the collective) ends the others'
+// wait with an error naming it, not a hang.
+TEST_P(CommTest, DeadRankIsNamedNotAHang) {
+  const int R = GetParam();
+  if (R < 2) GTEST_SKIP() << "needs a peer";
+  try {
+    test::run_ranks(
+        R,
+        [&](Comm& c) {
+          if (c.rank() == R - 1) return;  // dies before the collective
+          float v = 1;
+          c.all_reduce_sum(&v, 1);
+        },
+        0.2);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("waiting for rank(s) " + std::to_string(R - 1)), std::string::npos)
+        << e.what();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CommTest, ::testing::Values(1, 2, 3, 4, 8));
 
 TEST(ExpertOwner, RangesCoverEveryExpertOnce) {

@@ -66,8 +66,8 @@ class Comm {
 
 // R ranks in this process: make_thread_comms(R)[r] is rank r's Comm, to be used
 // by one thread each (they share one group; a rank that throws leaves the others
-// waiting, so tests run every rank to the same collective count or abort()).
-std::vector<std::unique_ptr<Comm>> make_thread_comms(int ranks);
+// waiting until timeout_s, then they fail naming the ranks that never arrived).
+std::vector<std::unique_ptr<Comm>> make_thread_comms(int ranks, double timeout_s = 120);
 
 // Which rank owns global expert e of E split over R ranks: rank r owns
 // [r·E/R, (r+1)·E/R) (integer division; E % R != 0 gives ranks uneven ranges).

@@ -19,8 +19,6 @@ namespace cm {
 
 namespace {
 
-constexpr auto kBarrierTimeout = std::chrono::seconds(120);
-
 struct Posted {
   const void* send = nullptr;
   const int64_t* counts = nullptr;  // send counts (all_to_allv) or per-rank counts (all_gatherv)
@@ -28,8 +26,9 @@ struct Posted {
 };
 
 struct Group {
-  explicit Group(int r) : ranks(r), posted(size_t(r)), arrived_at(size_t(r), 0) {}
+  Group(int r, double t) : ranks(r), timeout_s(t), posted(size_t(r)), arrived_at(size_t(r), 0) {}
   const int ranks;
+  const double timeout_s;
   std::mutex mu;
   std::condition_variable cv;
   int64_t generation = 0;
@@ -48,13 +47,13 @@ struct Group {
       cv.notify_all();
       return;
     }
-    if (!cv.wait_for(lk, kBarrierTimeout, [&] { return generation != gen; })) {
+    if (!cv.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return generation != gen; })) {
       std::string missing;
       for (int r = 0; r < ranks; ++r)
         if (arrived_at[size_t(r)] <= gen) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       fail("ThreadComm rank {}: {} timed out after {} s waiting for rank(s) {} (a rank failed or ran a different "
            "sequence of collectives)",
-           rank, what, kBarrierTimeout.count(), missing);
+           rank, what, timeout_s, missing);
     }
   }
 };
@@ -157,9 +156,9 @@ class ThreadComm final : public Comm {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Comm>> make_thread_comms(int ranks) {
+std::vector<std::unique_ptr<Comm>> make_thread_comms(int ranks, double timeout_s) {
   if (ranks < 1) fail("make_thread_comms: {} ranks (need >= 1)", ranks);
-  auto g = std::make_shared<Group>(ranks);
+  auto g = std::make_shared<Group>(ranks, timeout_s);
   std::vector<std::unique_ptr<Comm>> out;
   for (int r = 0; r < ranks; ++r) out.push_back(std::make_unique<ThreadComm>(g, r));
   return out;
