@@ -21,6 +21,7 @@
 namespace cm {
 
 struct Model;
+class Comm;
 
 // One engine step (llama.cpp's llama_batch shape: every token carries its
 // position and sequence). Arrays are [n]; logits[i] = 1 asks for row i's logits.
@@ -55,6 +56,15 @@ struct BackendOptions {
   Observer* observer = nullptr;                  // sees every named intermediate (--layer-stats, dumps)
   LinearInputObserver* linear_inputs = nullptr;  // CPU: sees every linear's input (calibration)
   ActQuant act_quant = ActQuant::NONE;           // CPU: W4A4 emulation of NVFP4 linears
+  // CPU: expert parallelism over ep_comm's ranks (null or one rank: off). Rank r owns the
+  // routed experts [r·E/R, (r+1)·E/R) and its Model must be loaded with that expert range
+  // (LoadOptions::experts). A step is a collective: all ranks call it together.
+  //   ep_data_parallel false: every rank runs the same batch (attention, router and shared expert
+  //                           replicated; each rank gets the whole step's logits);
+  //   ep_data_parallel true:  each rank runs its own batch (its own sequences, any size; attention
+  //                           data-parallel) and only the routed experts' rows cross ranks.
+  Comm* ep_comm = nullptr;
+  bool ep_data_parallel = false;
 };
 
 class ModelBackend {

@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "engine/comm.h"
 #include "ops/compressor.h"
 #include "ops/hc.h"
 #include "ops/norm.h"
@@ -50,7 +51,16 @@ HcParams hc_params(const Config& c, const HcWeights& w) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(const Model& m, const BackendOptions& opt) : m_(m), opt_(opt) {}
+CpuBackend::CpuBackend(const Model& m, const BackendOptions& opt) : m_(m), opt_(opt) {
+  // The routed experts this rank runs must be exactly the ones its model loaded.
+  const int64_t E = m.config.n_routed_experts;
+  const int R = opt.ep_comm ? opt.ep_comm->size() : 1, r = opt.ep_comm ? opt.ep_comm->rank() : 0;
+  const int64_t e0 = expert_first(E, r, R), e1 = expert_first(E, r + 1, R);
+  if (m.weights.experts_first != e0 || m.weights.experts_end != e1)
+    fail("expert parallelism: rank {} of {} runs routed experts [{}, {}) but its model loaded [{}, {}) (load it with "
+         "LoadOptions::experts = {{{}, {}}})",
+         r, R, e0, e1, m.weights.experts_first, m.weights.experts_end, e0, e1 - e0);
+}
 
 // Floats of one slot's arena (layout_slot hands them out in the same order).
 size_t CpuBackend::slot_floats(const CacheShape& shape) const {
@@ -130,8 +140,22 @@ void CpuBackend::reserve(const CacheShape& shape) {
   sized(a.sel, N * c.index_topk), sized(a.n_sel, N), sized(a.sel_score, N * c.index_topk);
   sized(a.router, N * E), sized(a.eidx, N * K), sized(a.ew, N * K);
   sized(a.ecount, E), sized(a.estart, E + 1), sized(a.erow, N * K), sized(a.eweight, N * K);
-  sized(a.xs, N * K * D), sized(a.g, N * K * I), sized(a.up, N * K * I), sized(a.y, N * K * D);
   sized(a.routed, N * D), sized(a.head_in, N * hc * D), sized(a.final_y, N * D);
+  // Pairs one rank may receive in a step: every pair of the step (replicated batch), or of
+  // every rank's batch (data parallel; every rank reserves the same max_step_tokens).
+  int64_t max_recv = N * K;
+  if (opt_.ep_comm && opt_.ep_comm->size() > 1) {
+    const int64_t R = opt_.ep_comm->size();
+    if (opt_.ep_data_parallel) max_recv = R * N * K;
+    sized(a.ep.send_n, R), sized(a.ep.recv_n, R), sized(a.ep.gather_n, R), sized(a.ep.slot_of_pair, N * K);
+    sized(a.ep.send_f, R), sized(a.ep.recv_f, R), a.ep.ones.assign(size_t(R), 1);
+    sized(a.ep.send_c, R), sized(a.ep.recv_c, R);
+    sized(a.ep.send_x, N * K * D), sized(a.ep.recv_x, max_recv * D), sized(a.ep.send_e, N * K);
+    sized(a.ep.recv_e, max_recv), sized(a.ep.recv_y, max_recv * D), sized(a.ep.back_y, N * K * D);
+    sized(a.ep.recv_pos, max_recv);
+  }
+  sized(a.xs, max_recv * D), sized(a.g, std::max(N, max_recv) * I), sized(a.up, std::max(N, max_recv) * I);
+  sized(a.y, std::max(N, max_recv) * D);
   int64_t max_m = 1, max_entries = 0, max_ientries = 0;
   for (int64_t L = 0; L < c.num_layers; ++L) {
     const AttnKind k = c.attn_kinds[size_t(L)];
@@ -151,7 +175,7 @@ void CpuBackend::reserve(const CacheShape& shape) {
   }
   sized(a.segs, shape.max_slots), sized(a.seg_of_row, N), sized(a.logit_rows, N);
   const int64_t max_k = std::max({D, c.q_lora_rank, H * hd / c.o_groups, c.o_groups * c.o_lora_rank, I});
-  linear_cpu_reserve(max_k, N * K);
+  linear_cpu_reserve(max_k, max_recv);
 }
 
 void CpuBackend::check_slot(int32_t slot, const char* what) const {

@@ -82,6 +82,18 @@ struct CpuActivations {
   std::vector<float> g, up;       // [N·K, I]
   std::vector<float> y;           // [N·K, D]
   std::vector<float> routed;      // [N, D]     Σ routed experts (observed)
+  // Expert parallelism (sized only when BackendOptions::ep_comm has > 1 rank): this rank's
+  // "home" rows send their (row, expert) pairs to the experts' owners and get y back.
+  struct Ep {
+    std::vector<int32_t> send_n, recv_n;            // [R] pairs to / from each rank (exchanged)
+    std::vector<int64_t> send_c, recv_c, gather_n;  // [R] the same as counts; routed floats per rank
+    std::vector<int64_t> send_f, recv_f, ones;      // [R] floats to / from each rank; 1s
+    std::vector<int32_t> slot_of_pair;  // [N·K] home pair (t, j) -> its position in the send order
+    std::vector<float> send_x, recv_x;  // [N·K, D] rows going out / coming in
+    std::vector<int32_t> send_e, recv_e;  // [N·K] global expert of each pair
+    std::vector<float> recv_y, back_y;  // [N·K, D] owner's results / results back home
+    std::vector<int32_t> recv_pos;      // [N·K] received pairs grouped by local expert
+  } ep;
   std::vector<float> head_in;     // [N, hc, D] rows whose logits are wanted
   std::vector<float> final_y;     // [N, D]
   std::vector<float> pool_kv, pool_gate;  // [2·max_m, max_dc] one entry's pooling slots

@@ -10,8 +10,10 @@ std::unique_ptr<Model> model_load(const std::string& dir, const LoadOptions& opt
   auto m = std::make_unique<Model>();
   m->config = config_load(dir);
   m->store = TensorStore::open_dir(dir);
-  // Every problem of the checkpoint at once (scales, shapes, config), before any weight is used.
-  std::vector<std::string> problems = validate_checkpoint(m->store, opt.linear);
+  // Every problem of the checkpoint at once (scales, shapes, config), before any weight is used
+  // (of the routed experts, only those this model loads).
+  const auto [e0, e1] = expert_bounds(opt.experts, m->config.n_routed_experts);
+  std::vector<std::string> problems = validate_checkpoint(m->store, opt.linear, e0, e1);
   for (std::string& p : check_quant_config(m->config.quantization, m->store)) problems.push_back(std::move(p));
   if (!problems.empty()) {
     std::string msg = dir + ": checkpoint failed validation (" + std::to_string(problems.size()) + " problems):";

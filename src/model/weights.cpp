@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/numeric.h"
@@ -187,8 +188,9 @@ struct Loader {
     w.gate = linear(p + ".ffn.gate", c.n_routed_experts, D);
     if (c.moe_kinds[size_t(L)] == MoeKind::HASH) w.tid2eid = tid2eid(p + ".ffn.gate.tid2eid");
     else w.gate_bias = floats(p + ".ffn.gate.bias", {c.n_routed_experts});
-    w.experts.reserve(size_t(c.n_routed_experts));
-    for (int64_t e = 0; e < c.n_routed_experts; ++e) w.experts.push_back(expert(p + ".ffn.experts." + std::to_string(e)));
+    const auto [e0, e1] = expert_bounds(opt.experts, c.n_routed_experts);
+    w.experts.resize(size_t(c.n_routed_experts));
+    for (int64_t e = e0; e < e1; ++e) w.experts[size_t(e)] = expert(p + ".ffn.experts." + std::to_string(e));
     w.has_shared = c.n_shared_experts > 0;
     if (w.has_shared) w.shared = expert(p + ".ffn.shared_experts");
     return w;
@@ -213,6 +215,13 @@ LinearWeight linear_view(const LinearWeight& w) {
 
 }  // namespace
 
+std::pair<int64_t, int64_t> expert_bounds(const ExpertRange& r, int64_t E) {
+  if (r.count < 0 && r.first == 0) return {0, E};
+  if (r.first < 0 || r.count < 0 || r.first + r.count > E)
+    fail("expert range first {} count {} is outside the model's {} routed experts", r.first, r.count, E);
+  return {r.first, r.first + r.count};
+}
+
 Weights weights_load(const TensorStore& store, const Config& cfg, const LoadOptions& opt) {
   std::string spelling;
   const bool rel = store.find("embed.weight") != nullptr, hf = store.find("model.embed_tokens.weight") != nullptr;
@@ -230,6 +239,7 @@ Weights weights_load(const TensorStore& store, const Config& cfg, const LoadOpti
   const int64_t D = cfg.hidden_size, hc = cfg.hc_mult;
   Weights w;
   w.spelling = spelling;
+  std::tie(w.experts_first, w.experts_end) = expert_bounds(opt.experts, cfg.n_routed_experts);
   w.embed = ld.linear("embed", cfg.vocab_size, D);
   if (cfg.tie_word_embeddings && !store.find(ld.key("head.weight"))) w.head = linear_view(w.embed);
   else w.head = ld.linear("head", cfg.vocab_size, D);

@@ -63,7 +63,7 @@ struct LayerWeights {
   LinearWeight gate;                 // ffn.gate.weight [E, D]
   std::vector<float> gate_bias;      // ffn.gate.bias   [E]      (score-routed layers)
   std::vector<int32_t> tid2eid;      // ffn.gate.tid2eid [vocab, k] (hash-routed layers)
-  std::vector<ExpertWeights> experts;  // ffn.experts.{e}  E of them
+  std::vector<ExpertWeights> experts;  // ffn.experts.{e}  E of them (outside the loaded range: empty)
   ExpertWeights shared;                // ffn.shared_experts
   bool has_shared = false;
 };
@@ -77,11 +77,24 @@ struct Weights {
   std::vector<float> hc_head_scale;  // hc_head_scale [1]
   std::vector<LayerWeights> layers;
   std::string spelling;  // "release" or "transformers" (key spelling of the checkpoint)
+  int64_t experts_first = 0, experts_end = 0;  // the routed experts loaded: [first, end)
+};
+
+// A range of routed experts [first, first + count); count < 0 = all of them.
+struct ExpertRange {
+  int64_t first = 0;
+  int64_t count = -1;
 };
 
 struct LoadOptions {
   LinearLoadOptions linear;
+  // Expert parallelism: only these routed experts are loaded and validated; the
+  // others' tensors are never read (their LinearWeight stays empty).
+  ExpertRange experts;
 };
+
+// The [first, end) a range means for a model of E routed experts (errors name the range).
+std::pair<int64_t, int64_t> expert_bounds(const ExpertRange& r, int64_t E);
 
 // Loads and validates every tensor; errors name the tensor and expected shape.
 Weights weights_load(const TensorStore& store, const Config& cfg, const LoadOptions& opt = {});

@@ -45,10 +45,16 @@ std::set<std::string> linear_prefixes(const TensorStore& store, std::vector<std:
 
 }  // namespace
 
-std::vector<std::string> validate_checkpoint(const TensorStore& store, const LinearLoadOptions& opt) {
+std::vector<std::string> validate_checkpoint(const TensorStore& store, const LinearLoadOptions& opt,
+                                             int64_t experts_first, int64_t experts_end) {
   std::vector<std::string> out;
   std::set<std::string> set = linear_prefixes(store, out);
-  const std::vector<std::string> prefixes(set.begin(), set.end());
+  std::vector<std::string> prefixes;
+  for (const std::string& p : set) {
+    ExpertName e;
+    if (parse_expert_name(p, &e) && (e.expert < experts_first || e.expert >= experts_end)) continue;
+    prefixes.push_back(p);
+  }
   // The scans read every scale byte (and FP8 weight byte) of the checkpoint:
   // spread the linears over threads, report in name order.
   std::vector<std::vector<std::string>> found(prefixes.size());

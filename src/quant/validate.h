@@ -3,6 +3,7 @@
 // Every problem is reported, not only the first, each on one line naming the
 // tensor; the caller throws with all lines when the list is non-empty.
 #pragma once
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -18,8 +19,11 @@ namespace cm {
 // finite and > 0; weight_scale_2 and input_scale finite and > 0; a routed
 // expert's missing input_scale is an error naming layer and expert unless
 // opt.allow_missing_input_scale and another expert of the layer gives one;
-// scale tensors without a weight are reported too.
-std::vector<std::string> validate_checkpoint(const TensorStore& store, const LinearLoadOptions& opt);
+// scale tensors without a weight are reported too. Routed experts outside
+// [experts_first, experts_end) are skipped (expert parallelism: another rank's
+// experts are never read).
+std::vector<std::string> validate_checkpoint(const TensorStore& store, const LinearLoadOptions& opt,
+                                             int64_t experts_first = 0, int64_t experts_end = INT64_MAX);
 
 // Checks a config's quantization_config against what is stored: recognised
 // method (modelopt NVFP4; MIXED_PRECISION with moe_quant_algo NVFP4; fp8 with

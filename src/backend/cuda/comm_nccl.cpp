@@ -1,0 +1,165 @@
+// NcclComm (comm_nccl.h). The communicator is non-blocking (config.blocking = 0)
+// so that neither init nor an enqueue can block forever inside NCCL: every call
+// returns ncclSuccess or ncclInProgress and wait() polls ncclCommGetAsyncError
+// and the stream with a deadline, aborting the communicator on error or timeout.
+#ifdef CLAWMINE_HAVE_NCCL
+#include "backend/cuda/comm_nccl.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/error.h"
+
+namespace cm {
+
+namespace {
+
+ncclDataType_t nccl_type(CommType t) { return t == CommType::F32 ? ncclFloat32 : ncclInt32; }
+
+class NcclComm final : public Comm {
+ public:
+  NcclComm(int rank, int size, const std::string& id, const NcclOptions& opt) : rank_(rank), size_(size), opt_(opt) {
+    if (id.size() != sizeof(ncclUniqueId))
+      fail("NCCL rank {}: unique id of {} bytes, expected {}", rank, id.size(), sizeof(ncclUniqueId));
+    if (size < 1 || rank < 0 || rank >= size) fail("NCCL: rank {} outside [0, {})", rank, size);
+    ncclUniqueId uid;
+    std::memcpy(&uid, id.data(), sizeof uid);
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_check(cudaMalloc(&scratch_, sizeof(int32_t)), "cudaMalloc");
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    check(ncclCommInitRankConfig(&comm_, size, uid, rank, &cfg), "ncclCommInitRankConfig");
+    wait("init", false);
+  }
+  ~NcclComm() override {
+    if (comm_) {
+      // A healthy communicator is finalized; one that failed was aborted already.
+      if (!aborted_ && ncclCommFinalize(comm_) == ncclSuccess) {
+        ncclResult_t st = ncclInProgress;
+        const auto t0 = std::chrono::steady_clock::now();
+        while (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st == ncclInProgress &&
+               std::chrono::steady_clock::now() - t0 < std::chrono::duration<double>(opt_.timeout_s))
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      aborted_ ? (void)0 : (void)ncclCommDestroy(comm_);
+    }
+    if (scratch_) cudaFree(scratch_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void barrier() override {
+    check(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), "barrier");
+    wait("barrier");
+  }
+  void all_reduce_sum(void* buf, int64_t n, CommType t) override {
+    check(ncclAllReduce(buf, buf, size_t(n), nccl_type(t), ncclSum, comm_, stream_), "all_reduce_sum");
+    wait("all_reduce_sum");
+  }
+  void all_gather(const void* send, int64_t n, void* recv, CommType t) override {
+    check(ncclAllGather(send, recv, size_t(n), nccl_type(t), comm_, stream_), "all_gather");
+    wait("all_gather");
+  }
+  void all_gatherv(const void* send, const int64_t* counts, void* recv, CommType t) override {
+    // One broadcast per root, grouped (NCCL has no gatherv).
+    const int64_t b = comm_type_bytes(t);
+    check(ncclGroupStart(), "all_gatherv");
+    int64_t off = 0;
+    for (int q = 0; q < size_; ++q) {
+      char* dst = static_cast<char*>(recv) + off * b;
+      if (counts[q] > 0)
+        check(ncclBroadcast(q == rank_ ? send : dst, dst, size_t(counts[q]), nccl_type(t), q, comm_, stream_),
+              "all_gatherv");
+      off += counts[q];
+    }
+    check(ncclGroupEnd(), "all_gatherv");
+    wait("all_gatherv");
+  }
+  void reduce_scatter_sum(const void* send, int64_t n, void* recv, CommType t) override {
+    check(ncclReduceScatter(send, recv, size_t(n), nccl_type(t), ncclSum, comm_, stream_), "reduce_scatter_sum");
+    wait("reduce_scatter_sum");
+  }
+  void all_to_allv(const void* send, const int64_t* sc, void* recv, const int64_t* rc, CommType t) override {
+    const int64_t b = comm_type_bytes(t);
+    check(ncclGroupStart(), "all_to_allv");
+    int64_t so = 0, ro = 0;
+    for (int q = 0; q < size_; ++q) {
+      if (sc[q] > 0)
+        check(ncclSend(static_cast<const char*>(send) + so * b, size_t(sc[q]), nccl_type(t), q, comm_, stream_),
+              "all_to_allv");
+      if (rc[q] > 0)
+        check(ncclRecv(static_cast<char*>(recv) + ro * b, size_t(rc[q]), nccl_type(t), q, comm_, stream_),
+              "all_to_allv");
+      so += sc[q], ro += rc[q];
+    }
+    check(ncclGroupEnd(), "all_to_allv");
+    wait("all_to_allv");
+  }
+
+ private:
+  [[noreturn]] void die(const std::string& what, const std::string& why) {
+    if (comm_ && !aborted_) {
+      aborted_ = true;
+      ncclCommAbort(comm_);
+    }
+    fail("NCCL rank {} of {}: {} failed: {}", rank_, size_, what, why);
+  }
+  void check(ncclResult_t r, const char* what) {
+    if (r == ncclSuccess || r == ncclInProgress) return;
+    const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
+    die(what, std::string(ncclGetErrorString(r)) + (last && *last ? std::string(" (") + last + ")" : ""));
+  }
+  void cuda_check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) die(what, cudaGetErrorString(e));
+  }
+  // Until the enqueued work is done: NCCL's async state and the stream, with a deadline.
+  void wait(const char* what, bool stream = true) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int spin = 0;; ++spin) {
+      ncclResult_t st = ncclSuccess;
+      ncclResult_t r = ncclCommGetAsyncError(comm_, &st);
+      if (r != ncclSuccess) check(r, what);
+      if (st != ncclSuccess && st != ncclInProgress) check(st, what);
+      bool done = st == ncclSuccess;
+      if (done && stream) {
+        cudaError_t q = cudaStreamQuery(stream_);
+        if (q != cudaSuccess && q != cudaErrorNotReady) cuda_check(q, what);
+        done = q == cudaSuccess;
+      }
+      if (done) return;
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s > opt_.timeout_s)
+        die(what, fmt::format("not finished after {:.0f} s (a peer rank died or hangs); the communicator was aborted", s));
+      if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  int rank_, size_;
+  NcclOptions opt_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+  bool aborted_ = false;
+};
+
+}  // namespace
+
+std::string nccl_unique_id() {
+  ncclUniqueId id;
+  ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) fail("ncclGetUniqueId failed: {}", ncclGetErrorString(r));
+  return std::string(reinterpret_cast<const char*>(&id), sizeof id);
+}
+
+std::unique_ptr<Comm> make_nccl_comm(int rank, int size, const std::string& unique_id, const NcclOptions& opt) {
+  return std::make_unique<NcclComm>(rank, size, unique_id, opt);
+}
+
+}  // namespace cm
+#endif  // CLAWMINE_HAVE_NCCL

@@ -1,0 +1,68 @@
+// NcclComm with one rank on one GPU (the lent single GPU): every collective
+// moves/sums device buffers exactly, and a second communicator can be made
+// after the first is gone. Multi-rank NCCL needs a multi-GPU machine.
+#include <gtest/gtest.h>
+
+#ifdef CLAWMINE_HAVE_NCCL
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "backend/cuda/comm_nccl.h"
+#include "common/error.h"
+#include "gpu_test_util.h"
+
+using namespace cm;
+
+namespace {
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  explicit Dev(const std::vector<T>& h) {
+    EXPECT_EQ(cudaMalloc(&p, h.size() * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p); }
+  std::vector<T> get(size_t n) const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+TEST(NcclComm, OneRankCollectives) {
+  CM_SKIP_WITHOUT_GPU();
+  for (int round = 0; round < 2; ++round) {
+    auto c = make_nccl_comm(0, 1, nccl_unique_id());
+    EXPECT_EQ(c->rank(), 0);
+    EXPECT_EQ(c->size(), 1);
+    std::vector<float> h = {1.5f, -2.0f, 3.25f};
+    Dev<float> a(h), b(std::vector<float>(3, 0.0f));
+    c->all_reduce_sum(a.p, 3);
+    EXPECT_EQ(a.get(3), h);
+    c->all_gather(a.p, 3, b.p);
+    EXPECT_EQ(b.get(3), h);
+    int64_t n = 3;
+    Dev<float> g(std::vector<float>(3, 0.0f));
+    c->all_gatherv(a.p, &n, g.p);
+    EXPECT_EQ(g.get(3), h);
+    Dev<int32_t> s(std::vector<int32_t>{7, 8}), r(std::vector<int32_t>{0, 0});
+    c->reduce_scatter_sum(s.p, 2, r.p);
+    EXPECT_EQ(r.get(2), (std::vector<int32_t>{7, 8}));
+    Dev<int32_t> r2(std::vector<int32_t>{0, 0});
+    int64_t two = 2;
+    c->all_to_allv(s.p, &two, r2.p, &two);
+    EXPECT_EQ(r2.get(2), (std::vector<int32_t>{7, 8}));
+    c->barrier();
+  }
+}
+
+TEST(NcclComm, BadUniqueIdIsAnError) {
+  CM_SKIP_WITHOUT_GPU();
+  EXPECT_THROW(make_nccl_comm(0, 1, "short"), Error);
+  EXPECT_THROW(make_nccl_comm(2, 2, nccl_unique_id()), Error);
+}
+
+}  // namespace
+#endif

@@ -1,0 +1,33 @@
+// Running R simulated ranks (threads over make_thread_comms) in tests: fn(rank's Comm)
+// runs on its own thread; the first exception of any rank is rethrown after all joined.
+#pragma once
+#include <omp.h>
+
+#include <exception>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "engine/comm.h"
+
+namespace cm::test {
+
+inline void run_ranks(int R, const std::function<void(Comm&)>& fn, double timeout_s = 120) {
+  std::vector<std::unique_ptr<Comm>> comms = make_thread_comms(R, timeout_s);
+  std::vector<std::exception_ptr> err(static_cast<size_t>(R));
+  std::vector<std::thread> th;
+  for (int r = 0; r < R; ++r)
+    th.emplace_back([&, r] {
+      omp_set_num_threads(1);  // R ranks share this machine's cores
+      try {
+        fn(*comms[size_t(r)]);
+      } catch (...) {
+        err[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : th) t.join();
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace cm::test
