@@ -128,7 +128,7 @@ int run(Opts& o) {
 cm::cli::CommandRegistrar reg(
     {"serve", "OpenAI-compatible HTTP server with continuous batching", [](CLI::App& app) -> cm::cli::CommandRun {
        auto o = std::make_shared<Opts>();
-       cm::cli::add_engine_options(app, o->eng, /*model_required=*/false);
+       cm::cli::add_engine_options(app, o->eng);
        app.add_option("--host", o->http.host, "Address to listen on")->capture_default_str();
        app.add_option("--port", o->http.port, "Port (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
        app.add_option("--api-key", o->http.api_key, "Require Authorization: Bearer KEY on /v1 and /(de)tokenize")
