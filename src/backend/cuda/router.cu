@@ -52,7 +52,8 @@ __global__ void route_kernel(const RouteK p) {
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int e = lane + 32 * i;
-      b[i] = (i < per && e < p.E) ? sqrt_softplus(l[e]) + p.bias[e] : -INFINITY;
+      const float v = (i < per && e < p.E) ? sqrt_softplus(l[e]) + p.bias[e] : -INFINITY;
+      b[i] = v != v ? -INFINITY : v;  // NaN ranks last, so the arg-max below always finds an expert
       if (!(i < per && e < p.E)) taken |= 1u << i;
     }
     for (int k = 0; k < p.K; ++k) {
@@ -75,6 +76,7 @@ __global__ void route_kernel(const RouteK p) {
           be = oe;
         }
       }
+      if (be >= p.E) be = 0;  // unreachable with finite-or-(-inf) scores; never index past the row
       if ((be & 31) == lane) taken |= 1u << (be >> 5);
       if (lane == 0) {
         idx[k] = be;
