@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
-# Builds the GPU test binary and a bench-only clawmine on the device machine,
+# Builds the GPU test binary and the full clawmine binary (every command) on the device machine,
 # which has nvcc and cuBLAS but none of the Debian dev packages: fmt (header-
 # only), CLI11, nlohmann-json and GoogleTest sources travel in third_party/
-# (made by tools/gpu_sync.sh). The engine library without the tokenizer, chat
-# and runtime (they need PCRE2, which the device lacks) is compiled: the model
-# loader, both model backends, the ops and the kernels, so the GPU test binary
-# runs the seam suite (tests/seam_suite.h) on the CUDA backend.
+# (made by tools/gpu_sync.sh), with PCRE2 (header + library) and cpp-httplib.
+# The GPU test binary runs the seam suite (tests/seam_suite.h) on the CUDA backend.
 # Usage: tools/gpu_device_build.sh [build-dir]   (run from the repo root)
 set -euo pipefail
 B=${1:-build-dev}
@@ -13,6 +11,9 @@ mkdir -p "$B/obj"
 TP=third_party
 INC="-Isrc -I$TP/include -I$TP/googletest/include -I$TP/googletest -DFMT_HEADER_ONLY -DCLAWMINE_HAVE_CUDA=1"
 INC="$INC -DCLAWMINE_TEST_DATA=\"$PWD/tests/data\""
+mkdir -p "$B/generated"
+echo "#define CLAWMINE_GIT_COMMIT \"$(git rev-parse --short=12 HEAD 2>/dev/null || echo device-build)\"" >"$B/generated/clawmine_build_info.h"
+CLI_DEFS="-I$B/generated -DCLAWMINE_VERSION=\"0.1.0\" -DCLAWMINE_BUILD_TYPE=\"Release\" -DCLAWMINE_CUDA_ARCHS=\"90a\""
 NVCC="nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -Xcompiler=-fopenmp,-Wall"
 CUDA_INC=$(dirname "$(dirname "$(command -v nvcc)")")/include
 CXX="g++ -std=c++20 -O3 -fopenmp -Wall -Wextra -Wno-unused-parameter -I$CUDA_INC"
@@ -20,16 +21,17 @@ compile() {  # compile SRC OBJ
   local src=$1 obj=$2
   case "$src" in
     *.cu) $NVCC $INC -c "$src" -o "$obj" ;;
-    *) $CXX $INC -c "$src" -o "$obj" ;;
+    *) $CXX $INC $CLI_DEFS -c "$src" -o "$obj" ;;
   esac
 }
 obj() { echo "$B/obj/$(echo "$1" | tr '/' '_').o"; }
 # The CPU reference ops, the checkpoint reader and model loader, both backends
 # behind the engine seam, and the CUDA kernels.
 CORE=(src/common/*.cpp src/io/*.cpp src/quant/*.cpp src/model/*.cpp src/engine/*.cpp src/backend/cpu/*.cpp
-      src/backend/cuda/*.cpp src/backend/cuda/*.cu)
+      src/backend/cuda/*.cpp src/backend/cuda/*.cu src/tokenizer/*.cpp src/chat/*.cpp src/runtime/*.cpp
+      src/sampling/*.cpp src/serve/*.cpp)
 TESTS=(tests/gpu/*.cpp "$TP/googletest/src/gtest-all.cc" "$TP/googletest/src/gtest_main.cc")
-CLI=(src/cli/main.cpp src/cli/cmd_bench.cpp)
+CLI=(src/cli/*.cpp)
 pids=()
 for f in "${CORE[@]}" "${TESTS[@]}" "${CLI[@]}"; do
   compile "$f" "$(obj "$f")" &
@@ -42,7 +44,7 @@ core_objs=(); test_objs=(); cli_objs=()
 for f in "${CORE[@]}"; do core_objs+=("$(obj "$f")"); done
 for f in "${TESTS[@]}"; do test_objs+=("$(obj "$f")"); done
 for f in "${CLI[@]}"; do cli_objs+=("$(obj "$f")"); done
-LINK="nvcc -gencode=arch=compute_90a,code=sm_90a -Xcompiler=-fopenmp -lcublas -lpthread"
+LINK="nvcc -gencode=arch=compute_90a,code=sm_90a -Xcompiler=-fopenmp -lcublas -lpthread -ldl -L$TP/lib -lpcre2-8 -Xlinker -rpath=$PWD/$TP/lib"
 $LINK "${core_objs[@]}" "${test_objs[@]}" -o "$B/clawmine_gpu_tests"
 $LINK "${core_objs[@]}" "${cli_objs[@]}" -o "$B/clawmine"
 echo "built $B/clawmine_gpu_tests $B/clawmine"
