@@ -14,7 +14,7 @@ INC="$INC -DCLAWMINE_TEST_DATA=\"$PWD/tests/data\""
 mkdir -p "$B/generated"
 echo "#define CLAWMINE_GIT_COMMIT \"$(git rev-parse --short=12 HEAD 2>/dev/null || echo device-build)\"" >"$B/generated/clawmine_build_info.h"
 CLI_DEFS="-I$B/generated -DCLAWMINE_VERSION=\"0.1.0\" -DCLAWMINE_BUILD_TYPE=\"Release\" -DCLAWMINE_CUDA_ARCHS=\"90a\""
-NVCC="nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -Xcompiler=-fopenmp,-Wall"
+NVCC="nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -Xcompiler=-fopenmp,-Wall"
 CUDA_INC=$(dirname "$(dirname "$(command -v nvcc)")")/include
 CXX="g++ -std=c++20 -O3 -fopenmp -Wall -Wextra -Wno-unused-parameter -I$CUDA_INC"
 compile() {  # compile SRC OBJ
