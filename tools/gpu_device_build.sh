@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the GPU test binary and the full clawmine binary (every command) on the device machine,
+# Builds the GPU test binary and clawmine (every command but serve) on the device machine,
 # which has nvcc and cuBLAS but none of the Debian dev packages: fmt (header-
 # only), CLI11, nlohmann-json and GoogleTest sources travel in third_party/
 # (made by tools/gpu_sync.sh), with PCRE2 (header + library) and cpp-httplib.
@@ -29,9 +29,10 @@ obj() { echo "$B/obj/$(echo "$1" | tr '/' '_').o"; }
 # behind the engine seam, and the CUDA kernels.
 CORE=(src/common/*.cpp src/io/*.cpp src/quant/*.cpp src/model/*.cpp src/engine/*.cpp src/backend/cpu/*.cpp
       src/backend/cuda/*.cpp src/backend/cuda/*.cu src/tokenizer/*.cpp src/chat/*.cpp src/runtime/*.cpp
-      src/sampling/*.cpp src/serve/*.cpp)
+      src/sampling/*.cpp)
 TESTS=(tests/gpu/*.cpp "$TP/googletest/src/gtest-all.cc" "$TP/googletest/src/gtest_main.cc")
-CLI=(src/cli/*.cpp)
+# Every command but `serve` (Debian's cpp-httplib is a compiled library with TLS dependencies the device lacks).
+CLI=($(ls src/cli/*.cpp | grep -v cmd_serve.cpp))
 pids=()
 for f in "${CORE[@]}" "${TESTS[@]}" "${CLI[@]}"; do
   compile "$f" "$(obj "$f")" &

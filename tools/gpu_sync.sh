@@ -11,9 +11,9 @@ mkdir -p "$DST/third_party/include" "$DST/third_party/googletest"
 (cd "$SRC" && tar --exclude='./build*' --exclude=./.git --exclude=./third_party -cf - .) | (cd "$DST" && tar -xf -)
 cp -a /usr/include/fmt /usr/include/CLI /usr/include/nlohmann "$DST/third_party/include/"
 cp -a /usr/src/googletest/googletest/. "$DST/third_party/googletest/"
-# The full clawmine binary also needs PCRE2 (header + x86-64 shared library) and cpp-httplib (header only).
+# The clawmine binary also needs PCRE2 (header + x86-64 shared library).
 mkdir -p "$DST/third_party/lib"
-cp -a /usr/include/pcre2.h /usr/include/httplib.h "$DST/third_party/include/"
+cp -a /usr/include/pcre2.h "$DST/third_party/include/"
 cp -aL /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 "$DST/third_party/lib/"
 ln -sf libpcre2-8.so.0 "$DST/third_party/lib/libpcre2-8.so"
 du -sh "$DST"
