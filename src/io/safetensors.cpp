@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -45,6 +46,105 @@ struct Fd {
 };
 }  // namespace
 
+SafetensorsContents parse_safetensors(const uint8_t* base, size_t size, const std::string& path) {
+  if (size < 8) fail("{}: truncated safetensors file ({} bytes, no header length)", path, size);
+  SafetensorsContents out;
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(base[i]) << (8 * i);
+  if (n > kMaxHeader) fail("{}: header length {} is over the 100 MB limit", path, n);
+  if (n > size - 8)
+    fail("{}: header length {} runs past the end of the file ({} bytes)", path, n, size);
+  json h;
+  try {
+    h = json::parse(base + 8, base + 8 + n);
+  } catch (const json::exception& e) {
+    fail("{}: header is not valid JSON: {}", path, e.what());
+  }
+  if (!h.is_object()) fail("{}: header is not a JSON object", path);
+  const uint8_t* data = base + 8 + n;
+  const uint64_t data_size = size - 8 - n;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    const std::string& name = it.key();
+    const json& e = it.value();
+    if (name == "__metadata__") {
+      if (!e.is_object()) fail("{}: __metadata__ is not an object", path);
+      for (auto m2 = e.begin(); m2 != e.end(); ++m2) {
+        if (!m2.value().is_string()) fail("{}: __metadata__ value of '{}' is not a string", path, m2.key());
+        out.metadata[m2.key()] = m2.value().get<std::string>();
+      }
+      continue;
+    }
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
+      fail("{}: tensor '{}': entry needs dtype, shape and data_offsets", path, name);
+    TensorView v;
+    v.name = name;
+    v.file = path;
+    if (!e["dtype"].is_string()) fail("{}: tensor '{}': dtype is not a string", path, name);
+    std::string dt = e["dtype"].get<std::string>();
+    if (!dtype_parse(dt, &v.dtype)) fail("{}: tensor '{}': unsupported dtype '{}'", path, name, dt);
+    if (!e["shape"].is_array()) fail("{}: tensor '{}': shape is not an array", path, name);
+    uint64_t numel = 1;
+    for (const json& d : e["shape"]) {
+      if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape entries must be non-negative integers", path, name);
+      uint64_t dim = d.get<uint64_t>();
+      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim / 8)
+        fail("{}: tensor '{}': shape {} overflows", path, name, e["shape"].dump());
+      numel *= dim;
+      v.shape.push_back(int64_t(dim));
+    }
+    const json& off = e["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      fail("{}: tensor '{}': data_offsets must be two non-negative integers", path, name);
+    uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
+    if (b > en) fail("{}: tensor '{}': data_offsets [{}, {}) are reversed", path, name, b, en);
+    if (en > data_size)
+      fail("{}: tensor '{}': data_offsets [{}, {}) lie outside the {}-byte data buffer (truncated file?)", path,
+           name, b, en, data_size);
+    uint64_t want = numel * dtype_size(v.dtype);
+    if (en - b != want)
+      fail("{}: tensor '{}': {} bytes stored but {} {} needs {}", path, name, en - b, dt, v.shape_str(), want);
+    v.data = data + b;
+    v.nbytes = size_t(en - b);
+    ranges.emplace_back(b, en);
+    out.tensors.emplace(name, std::move(v));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) {
+      std::string a, b2;
+      for (auto& [nm, t] : out.tensors) {
+        uint64_t o = uint64_t(t.data - data);
+        if (o == ranges[i - 1].first && a.empty()) a = nm;
+        else if (o == ranges[i].first) b2 = nm;
+      }
+      fail("{}: tensors '{}' and '{}' overlap in the data buffer", path, a, b2);
+    }
+  }
+  return out;
+}
+
+std::map<std::string, std::vector<std::string>> parse_safetensors_index(std::string_view text,
+                                                                        const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON: {}", source, e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    fail("{}: missing the weight_map object", source);
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) fail("{}: weight_map entry '{}' is not a file name", source, it.key());
+    std::string file = it.value().get<std::string>();
+    if (file.find('/') != std::string::npos || file == "..")
+      fail("{}: weight_map entry '{}' names a path outside the directory: '{}'", source, it.key(), file);
+    by_file[file].push_back(it.key());
+  }
+  return by_file;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
@@ -58,79 +158,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   map_ = m;
   map_size_ = size;
   try {
-    const uint8_t* base = static_cast<const uint8_t*>(m);
-    uint64_t n = 0;
-    for (int i = 0; i < 8; ++i) n |= uint64_t(base[i]) << (8 * i);
-    if (n > kMaxHeader) fail("{}: header length {} is over the 100 MB limit", path, n);
-    if (n > size - 8)
-      fail("{}: header length {} runs past the end of the file ({} bytes)", path, n, size);
-    json h;
-    try {
-      h = json::parse(base + 8, base + 8 + n);
-    } catch (const json::exception& e) {
-      fail("{}: header is not valid JSON: {}", path, e.what());
-    }
-    if (!h.is_object()) fail("{}: header is not a JSON object", path);
-    const uint8_t* data = base + 8 + n;
-    const uint64_t data_size = size - 8 - n;
-    std::vector<std::pair<uint64_t, uint64_t>> ranges;
-    for (auto it = h.begin(); it != h.end(); ++it) {
-      const std::string& name = it.key();
-      const json& e = it.value();
-      if (name == "__metadata__") {
-        if (!e.is_object()) fail("{}: __metadata__ is not an object", path);
-        for (auto m2 = e.begin(); m2 != e.end(); ++m2) {
-          if (!m2.value().is_string()) fail("{}: __metadata__ value of '{}' is not a string", path, m2.key());
-          metadata_[m2.key()] = m2.value().get<std::string>();
-        }
-        continue;
-      }
-      if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
-        fail("{}: tensor '{}': entry needs dtype, shape and data_offsets", path, name);
-      TensorView v;
-      v.name = name;
-      v.file = path;
-      if (!e["dtype"].is_string()) fail("{}: tensor '{}': dtype is not a string", path, name);
-      std::string dt = e["dtype"].get<std::string>();
-      if (!dtype_parse(dt, &v.dtype)) fail("{}: tensor '{}': unsupported dtype '{}'", path, name, dt);
-      if (!e["shape"].is_array()) fail("{}: tensor '{}': shape is not an array", path, name);
-      uint64_t numel = 1;
-      for (const json& d : e["shape"]) {
-        if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape entries must be non-negative integers", path, name);
-        uint64_t dim = d.get<uint64_t>();
-        if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim / 8)
-          fail("{}: tensor '{}': shape {} overflows", path, name, e["shape"].dump());
-        numel *= dim;
-        v.shape.push_back(int64_t(dim));
-      }
-      const json& off = e["data_offsets"];
-      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-        fail("{}: tensor '{}': data_offsets must be two non-negative integers", path, name);
-      uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
-      if (b > en) fail("{}: tensor '{}': data_offsets [{}, {}) are reversed", path, name, b, en);
-      if (en > data_size)
-        fail("{}: tensor '{}': data_offsets [{}, {}) lie outside the {}-byte data buffer (truncated file?)", path,
-             name, b, en, data_size);
-      uint64_t want = numel * dtype_size(v.dtype);
-      if (en - b != want)
-        fail("{}: tensor '{}': {} bytes stored but {} {} needs {}", path, name, en - b, dt, v.shape_str(), want);
-      v.data = data + b;
-      v.nbytes = size_t(en - b);
-      ranges.emplace_back(b, en);
-      tensors_.emplace(name, std::move(v));
-    }
-    std::sort(ranges.begin(), ranges.end());
-    for (size_t i = 1; i < ranges.size(); ++i) {
-      if (ranges[i].first < ranges[i - 1].second) {
-        std::string a, b2;
-        for (auto& [nm, t] : tensors_) {
-          uint64_t o = uint64_t(t.data - data);
-          if (o == ranges[i - 1].first && a.empty()) a = nm;
-          else if (o == ranges[i].first) b2 = nm;
-        }
-        fail("{}: tensors '{}' and '{}' overlap in the data buffer", path, a, b2);
-      }
-    }
+    SafetensorsContents c = parse_safetensors(static_cast<const uint8_t*>(m), size, path);
+    tensors_ = std::move(c.tensors);
+    metadata_ = std::move(c.metadata);
   } catch (...) {
     ::munmap(map_, map_size_);
     map_ = nullptr;
@@ -160,25 +190,13 @@ TensorStore TensorStore::open_dir(const std::string& dir) {
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   TensorStore s;
   if (fs::exists(index)) {
-    json j;
+    std::string text;
     {
-      std::ifstream in(index);
-      try {
-        j = json::parse(in);
-      } catch (const json::exception& e) {
-        fail("{}: not valid JSON: {}", index.string(), e.what());
-      }
+      std::ifstream in(index, std::ios::binary);
+      if (!in) fail("{}: cannot open", index.string());
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      fail("{}: missing the weight_map object", index.string());
-    std::map<std::string, std::vector<std::string>> by_file;
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) fail("{}: weight_map entry '{}' is not a file name", index.string(), it.key());
-      std::string file = it.value().get<std::string>();
-      if (file.find('/') != std::string::npos || file == "..")
-        fail("{}: weight_map entry '{}' names a path outside the directory: '{}'", index.string(), it.key(), file);
-      by_file[file].push_back(it.key());
-    }
+    std::map<std::string, std::vector<std::string>> by_file = parse_safetensors_index(text, index.string());
     for (auto& [file, names] : by_file) {
       fs::path p = fs::path(dir) / file;
       if (!fs::exists(p)) fail("{}: shard '{}' named by the index does not exist", index.string(), p.string());

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/dtype.h"
@@ -32,6 +33,23 @@ struct TensorView {
   int64_t numel() const;
   std::string shape_str() const;  // "[2048, 4096]"
 };
+
+// What a safetensors file's bytes hold: its tensors (views into those bytes) and metadata.
+struct SafetensorsContents {
+  std::map<std::string, TensorView> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// Parses and validates a whole safetensors file held in memory (header length, header JSON,
+// data buffer); `source` names the file in errors and in each view's `file`. SafetensorsFile
+// runs this on its mapping; the fuzz targets run it on arbitrary bytes. Throws cm::Error.
+SafetensorsContents parse_safetensors(const uint8_t* bytes, size_t size, const std::string& source);
+
+// The weight_map of a model.safetensors.index.json text: shard file name -> tensor names.
+// Throws cm::Error naming `source` for bad JSON, a missing weight_map, a non-string entry or a
+// shard name outside the directory.
+std::map<std::string, std::vector<std::string>> parse_safetensors_index(std::string_view json_text,
+                                                                        const std::string& source);
 
 // One mmap'd .safetensors file.
 class SafetensorsFile {

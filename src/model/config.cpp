@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "common/error.h"
 
@@ -235,17 +236,22 @@ Config config_from_json(const json& j, const std::string& src) {
   return c;
 }
 
-Config config_load(const std::string& dir) {
-  std::filesystem::path p = std::filesystem::path(dir) / "config.json";
-  std::ifstream in(p);
-  if (!in) fail("{}: cannot open config.json", p.string());
+Config config_parse(std::string_view text, const std::string& source) {
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", p.string(), e.what());
+    fail("{}: not valid JSON: {}", source, e.what());
   }
-  return config_from_json(j, p.string());
+  return config_from_json(j, source);
+}
+
+Config config_load(const std::string& dir) {
+  std::filesystem::path p = std::filesystem::path(dir) / "config.json";
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail("{}: cannot open config.json", p.string());
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return config_parse(text, p.string());
 }
 
 std::vector<float> rope_frequencies(const RopeConfig& r, int64_t rope_dim) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace cm {
@@ -68,6 +69,9 @@ struct Config {
 };
 
 Config config_from_json(const nlohmann::json& j, const std::string& source = "config.json");
+// config.json text -> Config (the JSON parse, then config_from_json); config_load reads the file
+// and calls this, the fuzz target calls it on arbitrary bytes.
+Config config_parse(std::string_view text, const std::string& source = "config.json");
 Config config_load(const std::string& model_dir);  // reads DIR/config.json
 
 // Per-pair RoPE frequencies f_i, i < rope_dim/2 (spec §2, YaRN when enabled).
