@@ -2,14 +2,18 @@
 // CLI, --layer-stats output, and that every error exits 1 with one line on
 // stderr (never a signal).
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
@@ -40,6 +44,14 @@ Result run(const std::string& args) {
 
 const std::string kModel = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_mixed_yarn";
 
+// A private scratch directory per test process (never the machine's /dev/null).
+std::filesystem::path scratch(const std::string& tag) {
+  auto d = std::filesystem::temp_directory_path() / ("cm_cli_" + tag + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
 }  // namespace
 
 TEST(Cli, LogitsChunkedEqualsOneShot) {
@@ -61,7 +73,8 @@ TEST(Cli, LogitsChunkedEqualsOneShot) {
 }
 
 TEST(Cli, LayerStatsPrintsEveryLayerAndStream) {
-  Result r = run("logits -m " + kModel + " --tokens 5,17,42 --layer-stats -o /dev/null");
+  const std::string out = (scratch("stats") / "l.safetensors").string();
+  Result r = run("logits -m " + kModel + " --tokens 5,17,42 --layer-stats -o " + out);
   ASSERT_EQ(r.code, 0) << r.err;
   for (const char* s : {"l0.attn_out", "l0.moe_out", "l0.resid[0]", "l3.resid[3]", "logits", "nan 0 inf 0"})
     EXPECT_NE(r.err.find(s), std::string::npos) << s << "\n" << r.err;
@@ -80,12 +93,13 @@ TEST(Cli, GenerateIsDeterministicPerSeed) {
 }
 
 TEST(Cli, ErrorsExitOneWithOneLine) {
-  const char* cases[] = {
-      "logits -m /nonexistent --tokens 1,2 -o /dev/null",
-      "logits -m MODEL --tokens 1,,2 -o /dev/null",
-      "logits -m MODEL --tokens 1,x -o /dev/null",
-      "logits -m MODEL --tokens 1,999 -o /dev/null",
-      "logits -m MODEL --tokens 1,2 --chunk -3 -o /dev/null",
+  const std::string out = (scratch("errors") / "out.safetensors").string();
+  const std::string cases[] = {
+      "logits -m /nonexistent --tokens 1,2 -o " + out,
+      "logits -m MODEL --tokens 1,,2 -o " + out,
+      "logits -m MODEL --tokens 1,x -o " + out,
+      "logits -m MODEL --tokens 1,999 -o " + out,
+      "logits -m MODEL --tokens 1,2 --chunk -3 -o " + out,
       "logits -m MODEL --tokens 1,2 -o /nonexistent-dir/x.safetensors",
       "generate -m MODEL --tokens 1,2 --temp -1",
       "generate -m MODEL --tokens 1,2 --top-p 0",
@@ -99,7 +113,8 @@ TEST(Cli, ErrorsExitOneWithOneLine) {
     EXPECT_EQ(r.code, 1) << c << "\n" << r.err;
     EXPECT_FALSE(r.err.empty()) << c;
   }
-  Result r = run("logits -m /nonexistent --tokens 1 -o /dev/null");
+  EXPECT_FALSE(std::filesystem::exists(out));
+  Result r = run("logits -m /nonexistent --tokens 1 -o " + out);
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
 }
@@ -119,4 +134,103 @@ TEST(Cli, PerplexityMatchesTransformers) {
   EXPECT_NE(r.err.find("[4/4]"), std::string::npos) << r.err;
   Result bad = run("perplexity -m " + dir + " -f " + dir + "/text.txt --ctx 100000");
   EXPECT_EQ(bad.code, 1);
+}
+
+// -o naming a character device writes to it and leaves it a device (it used to
+// be renamed over: as root, `-o /dev/null` replaced the machine's /dev/null).
+// A private node with /dev/null's numbers stands in for it.
+TEST(Cli, OutputToCharDeviceKeepsTheDevice) {
+  const auto d = scratch("chardev");
+  const std::string node = (d / "null").string();
+  if (::mknod(node.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0)
+    GTEST_SKIP() << "mknod not permitted here: " << std::strerror(errno);
+  Result r = run("logits -m " + kModel + " --tokens 5,17 -o " + node);
+  EXPECT_EQ(r.code, 0) << r.err;
+  struct stat st {};
+  ASSERT_EQ(::lstat(node.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode)) << "the device was replaced";
+  EXPECT_EQ(major(st.st_rdev), 1u);
+  EXPECT_EQ(minor(st.st_rdev), 3u);
+  for (const auto& e : std::filesystem::directory_iterator(d)) EXPECT_EQ(e.path().filename(), "null");
+}
+
+// A FIFO is written in place (its reader gets a whole safetensors file) and stays a FIFO.
+TEST(Cli, OutputToFifoStreamsIntoIt) {
+  const auto d = scratch("fifo");
+  const std::string fifo = (d / "pipe").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  std::string got;
+  std::thread reader([&] {
+    int fd = ::open(fifo.c_str(), O_RDONLY);
+    char buf[4096];
+    ssize_t n;
+    while (fd >= 0 && (n = ::read(fd, buf, sizeof buf)) > 0) got.append(buf, size_t(n));
+    if (fd >= 0) ::close(fd);
+  });
+  Result r = run("logits -m " + kModel + " --tokens 5,17 -o " + fifo);
+  int unblock = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // releases the reader if nothing was written
+  if (unblock >= 0) ::close(unblock);
+  reader.join();
+  EXPECT_EQ(r.code, 0) << r.err;
+  struct stat st {};
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  const std::string copy = (d / "copy.safetensors").string();
+  std::ofstream(copy, std::ios::binary) << got;
+  cm::SafetensorsFile f(copy);
+  ASSERT_TRUE(f.find("logits"));
+  EXPECT_EQ(f.find("logits")->shape_str(), "[2, 128]");
+}
+
+// A symlink is written through: the link stays, its target gets the file.
+TEST(Cli, OutputThroughSymlinkKeepsTheLink) {
+  const auto d = scratch("symlink");
+  const auto target = d / "real.safetensors", link = d / "link.safetensors";
+  std::ofstream(target) << "old";
+  std::filesystem::create_symlink("real.safetensors", link);
+  Result r = run("logits -m " + kModel + " --tokens 5,17 -o " + link.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  cm::SafetensorsFile f(target.string());
+  EXPECT_EQ(f.find("logits")->shape_str(), "[2, 128]");
+  // A dangling link creates the file it names.
+  const auto dangling = d / "dangling.safetensors";
+  std::filesystem::create_symlink("new.safetensors", dangling);
+  r = run("logits -m " + kModel + " --tokens 5 -o " + dangling.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::is_symlink(dangling));
+  EXPECT_TRUE(std::filesystem::is_regular_file(d / "new.safetensors"));
+}
+
+// -o never writes into the model being read, nor onto a hard link of its files.
+TEST(Cli, OutputNeverOverwritesTheModel) {
+  const auto d = scratch("model");
+  const auto model = d / "m";
+  std::filesystem::copy(kModel, model);
+  const auto weights = model / "model.safetensors";
+  const auto size = std::filesystem::file_size(weights);
+  for (const std::string& out : {weights.string(), (model / "new.safetensors").string(),
+                                 (model / "." / "config.json").string()}) {
+    Result r = run("logits -m " + model.string() + " --tokens 5 -o " + out);
+    EXPECT_EQ(r.code, 1) << out;
+    EXPECT_NE(r.err.find("model directory"), std::string::npos) << r.err;
+  }
+  std::filesystem::create_hard_link(weights, d / "hard.safetensors");
+  Result r = run("logits -m " + model.string() + " --tokens 5 -o " + (d / "hard.safetensors").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("same file as the model's"), std::string::npos) << r.err;
+  EXPECT_EQ(std::filesystem::file_size(weights), size);
+  EXPECT_FALSE(std::filesystem::exists(model / "new.safetensors"));
+}
+
+// A full disk (/dev/full answers every write with ENOSPC) is an error, not exit 0.
+TEST(Cli, OutputWriteFailureExitsOne) {
+  if (!std::filesystem::is_character_file("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  Result r = run("logits -m " + kModel + " --tokens 5,17 -o /dev/full");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("/dev/full: write failed"), std::string::npos) << r.err;
+  const auto d = scratch("dir");
+  r = run("logits -m " + kModel + " --tokens 5 -o " + d.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("is a directory"), std::string::npos) << r.err;
 }

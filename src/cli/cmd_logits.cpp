@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "common/error.h"
+#include "io/output_file.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 
@@ -23,6 +24,7 @@ int run(Opts& o) {
   std::vector<int32_t> toks = cm::cli::parse_token_list(o.tokens);
   if (o.chunk < 0) cm::fail("--chunk must be >= 1 (got {})", o.chunk);
   auto m = cm::cli::load_model(o.eng);
+  cm::check_output_path(o.out, {o.eng.model});  // before the forward: a bad -o fails fast
   cm::State st = cm::state_new(m->config);
   cm::LayerStatsObserver stats(stderr);
   cm::ForwardOptions fo = cm::cli::forward_options(o.eng, &stats);
@@ -36,7 +38,7 @@ int run(Opts& o) {
     std::vector<float> l = cm::forward(*m, st, toks.data() + i, len, fo);
     logits.insert(logits.end(), l.begin(), l.end());
   }
-  cm::write_safetensors(o.out, {cm::tensor_f32("logits", {n, V}, logits.data())});
+  cm::write_safetensors(o.out, {cm::tensor_f32("logits", {n, V}, logits.data())}, {}, {o.eng.model});
   std::fprintf(stderr, "wrote logits [%lld, %lld] to %s\n", (long long)n, (long long)V, o.out.c_str());
   return 0;
 }

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "io/output_file.h"
 
 namespace cm {
 
@@ -253,7 +254,8 @@ size_t TensorStore::total_bytes() const {
 }
 
 void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata,
+                       const std::vector<std::string>& protect_dirs) {
   json h = json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   uint64_t off = 0;
@@ -268,27 +270,14 @@ void write_safetensors(const std::string& path, const std::vector<TensorData>& t
   }
   std::string hs = h.dump();
   while (hs.size() % 8) hs.push_back(' ');
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot create {}: {}", tmp, std::strerror(errno));
-    uint64_t n = hs.size();
-    uint8_t len[8];
-    for (int i = 0; i < 8; ++i) len[i] = uint8_t(n >> (8 * i));
-    out.write(reinterpret_cast<const char*>(len), 8);
-    out.write(hs.data(), std::streamsize(hs.size()));
-    for (const auto& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
-    out.flush();
-    if (!out) {
-      out.close();
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      fail("write {} failed (disk full?)", tmp);
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) fail("cannot rename {} to {}: {}", tmp, path, ec.message());
+  OutputFile out(path, protect_dirs);
+  uint64_t n = hs.size();
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = uint8_t(n >> (8 * i));
+  out.write(len, 8);
+  out.write(hs);
+  for (const auto& t : tensors) out.write(t.bytes.data(), t.bytes.size());
+  out.commit();
 }
 
 TensorData tensor_f32(const std::string& name, std::vector<int64_t> shape, const float* values) {

@@ -97,10 +97,13 @@ struct TensorData {
   std::vector<uint8_t> bytes;
 };
 
-// Writes a safetensors file (header padded to 8 bytes). Writes to a temporary
-// name and renames, so a failed write never leaves a half-written file.
+// Writes a safetensors file (header padded to 8 bytes) through an OutputFile
+// (io/output_file.h): a regular file is written to a temporary and renamed only
+// when complete, a device or FIFO is written in place, never replaced;
+// protect_dirs are directories (the model being read) it must not write into.
 void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::vector<std::string>& protect_dirs = {});
 
 TensorData tensor_f32(const std::string& name, std::vector<int64_t> shape, const float* values);
 
