@@ -97,6 +97,29 @@ TEST(ChatDsv4, RejectsBadMessages) {
             "<｜begin▁of▁sentence｜><｜User｜>ab<｜Assistant｜></think>");
 }
 
+// Tool-call arguments are a JSON string parsed by the encoder: nesting past the
+// limit is an error naming them (dumping it recursed without bound); invalid
+// JSON is still rendered as raw text.
+TEST(ChatDsv4, DeepToolArgumentsAreRefused) {
+  auto with_args = [](const std::string& args) {
+    Json msgs = Json::array({Json{{"role", "user"}, {"content", "q"}},
+                             Json{{"role", "assistant"},
+                                  {"content", ""},
+                                  {"tool_calls", Json::array({Json{{"type", "function"},
+                                                                   {"function", {{"name", "f"}, {"arguments", args}}}}})}}});
+    return encode_messages(msgs, {});
+  };
+  std::string deep = "{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  std::string e;
+  try {
+    with_args(deep);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_EQ(e, "tool call arguments: JSON nested deeper than 64 levels");
+  EXPECT_NE(with_args("{not json").find("{not json"), std::string::npos);
+}
+
 TEST(ChatDsv4, PromptTokenizesSpecialsAsSingleIds) {
   Tokenizer tok = Tokenizer::load(std::string(CLAWMINE_TEST_DATA) + "/tokenizer");
   Json msgs = Json::parse(R"([{"role": "user", "content": "你好"}])");

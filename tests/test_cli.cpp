@@ -234,3 +234,43 @@ TEST(Cli, OutputWriteFailureExitsOne) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("is a directory"), std::string::npos) << r.err;
 }
+
+// Perplexity's window flags: zero or negative values are errors, not "use the default".
+TEST(Cli, PerplexityRejectsNonPositiveFlags) {
+  const std::string dir = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_text";
+  const std::string base = "perplexity -m " + dir + " -f " + dir + "/text.txt ";
+  const std::pair<const char*, const char*> cases[] = {
+      {"--ctx 0", "--ctx must be >= 2 (got 0)"},       {"--ctx -5", "--ctx must be >= 2 (got -5)"},
+      {"--stride 0", "--stride must be >= 1 (got 0)"}, {"--stride -1", "--stride must be >= 1 (got -1)"},
+      {"--chunks 0", "--chunks must be >= 1 (got 0)"}, {"--chunks -1", "--chunks must be >= 1 (got -1)"},
+  };
+  for (const auto& [flag, msg] : cases) {
+    const bool ctx = std::string(flag).rfind("--ctx", 0) == 0;
+    Result r = run(base + (ctx ? "" : "--ctx 32 ") + flag);
+    EXPECT_EQ(r.code, 1) << flag;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << flag << "\n" << r.err;
+  }
+  Result ok = run(base + "--ctx 32 --chunks 1");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("1 windows"), std::string::npos) << ok.out;
+}
+
+// Files given with -f are checked before reading: /dev/zero, FIFOs and
+// directories are errors (they used to read forever, block, or read as empty).
+TEST(Cli, InputFilesMustBeRegular) {
+  const auto d = scratch("inputs");
+  const std::string fifo = (d / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string dir = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_text";
+  for (const std::string& cmd : {"perplexity -m " + dir + " -f ", "tokenize -m " + dir + " -f "}) {
+    Result z = run(cmd + "/dev/zero");
+    EXPECT_EQ(z.code, 1) << cmd;
+    EXPECT_NE(z.err.find("--file: /dev/zero: is not a regular file"), std::string::npos) << z.err;
+    Result f = run(cmd + fifo);
+    EXPECT_EQ(f.code, 1) << cmd;
+    EXPECT_NE(f.err.find("is not a regular file"), std::string::npos) << f.err;
+    Result g = run(cmd + d.string());
+    EXPECT_EQ(g.code, 1) << cmd;
+    EXPECT_NE(g.err.find("is a directory"), std::string::npos) << g.err;
+  }
+}

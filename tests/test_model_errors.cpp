@@ -1,6 +1,8 @@
 // Routing unit test and bad-input tests for configs, checkpoints and the
 // forward pass: each must produce a cm::Error naming the problem, not a crash.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -22,15 +24,17 @@ namespace {
 
 const std::string kFixture = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_hca_window";
 
-json fixture_config() { return json::parse(std::ifstream(kFixture + "/config.json")); }
+const std::string kRelease = std::string(CLAWMINE_TEST_DATA) + "/golden/release_real_ratios";
 
-// Copies the fixture into a temp dir, letting `edit` change the tensor list.
+json fixture_config(const std::string& dir = kFixture) { return json::parse(std::ifstream(dir + "/config.json")); }
+
+// Copies the fixture `src` into a temp dir, letting `edit` change the tensor list.
 std::string mutated_checkpoint(const std::string& tag, const std::function<void(std::vector<TensorData>&)>& edit,
-                               const json* cfg = nullptr) {
+                               const json* cfg = nullptr, const std::string& src = kFixture) {
   fs::path d = fs::temp_directory_path() / ("cm_bad_" + std::to_string(::getpid()) + "_" + tag);
   fs::remove_all(d);
   fs::create_directories(d);
-  TensorStore s = TensorStore::open_dir(kFixture);
+  TensorStore s = TensorStore::open_dir(src);
   std::vector<TensorData> ts;
   for (auto& [name, v] : s.all()) {
     if (name == "tokens" || name == "logits") continue;
@@ -43,7 +47,7 @@ std::string mutated_checkpoint(const std::string& tag, const std::function<void(
   }
   edit(ts);
   write_safetensors((d / "model.safetensors").string(), ts);
-  std::ofstream(d / "config.json") << (cfg ? *cfg : fixture_config()).dump();
+  std::ofstream(d / "config.json") << (cfg ? *cfg : fixture_config(src)).dump();
   return d.string();
 }
 
@@ -111,9 +115,23 @@ TEST(BadConfig, EachProblemIsNamed) {
   EXPECT_EQ(rc.moe_kinds[2], MoeKind::SCORE);
   EXPECT_TRUE(rc.rope_compress.yarn);
   EXPECT_FALSE(rc.rope_main.yarn);
+  EXPECT_EQ(rc.ratio(0), 0);
+  EXPECT_EQ(rc.ratio(1), 4);
+  EXPECT_EQ(rc.ratio(2), 128);
+  // The official rule: 0 = window only, 4 = CSA, any other positive ratio = HCA (per layer).
   json r2 = rel;
   r2["compress_ratios"][1] = 8;
-  EXPECT_NE(error_of([&] { config_from_json(r2); }).find("compress_ratios[1] = 8 is not a known ratio"),
+  r2["compress_ratios"][2] = 64;
+  Config c8 = config_from_json(r2);
+  EXPECT_EQ(c8.attn_kinds[1], AttnKind::HCA);
+  EXPECT_EQ(c8.ratio(1), 8);
+  EXPECT_EQ(c8.ratio(2), 64);
+  EXPECT_EQ(c8.attn_kinds[3], AttnKind::CSA);
+  EXPECT_EQ(c8.ratio(3), 4);
+  r2["compress_ratios"][1] = -4;
+  EXPECT_NE(error_of([&] { config_from_json(r2); }).find("compress_ratios[1] = -4 is out of range"), std::string::npos);
+  r2["compress_ratios"][1] = "4";
+  EXPECT_NE(error_of([&] { config_from_json(r2); }).find("compress_ratios[1]: expected an integer, got the string"),
             std::string::npos);
   r2 = rel;
   r2["compress_ratios"].erase(0);
@@ -187,4 +205,143 @@ TEST(BadInput, TokensOutOfRangeAndTooLong) {
   std::vector<int32_t> toks(9, 4);
   EXPECT_NE(error_of([&] { forward(*m2, s2, toks.data(), 9); }).find("exceeds the model's context of 8"),
             std::string::npos);
+}
+
+// Wrong-typed values name the file, the key and both types (never a bare json exception),
+// and untrusted values are never printed whole.
+TEST(BadConfig, WrongTypesAreNamed) {
+  json base = fixture_config();
+  auto err = [&](const std::function<void(json&)>& f) {
+    json j = base;
+    f(j);
+    return error_of([&] { config_from_json(j, "config.json"); });
+  };
+  EXPECT_EQ(err([](json& j) { j["norm_topk_prob"] = "yes"; }),
+            "config.json: key 'norm_topk_prob': expected a boolean, got a string");
+  EXPECT_EQ(err([](json& j) { j["tie_word_embeddings"] = 1; }),
+            "config.json: key 'tie_word_embeddings': expected a boolean, got an integer");
+  EXPECT_EQ(err([](json& j) { j["scoring_func"] = json::array(); }),
+            "config.json: key 'scoring_func': expected a string, got an array");
+  EXPECT_EQ(err([](json& j) { j["hidden_size"] = json::object({{"a", std::string(100000, 'x')}}); }),
+            "config.json: key 'hidden_size': expected an integer, got an object");
+  EXPECT_NE(err([](json& j) { j["eos_token_id"] = json::array({1, "2"}); }).find("key 'eos_token_id'"),
+            std::string::npos);
+  EXPECT_NE(err([](json& j) { j["eos_token_id"] = 4294967296ull; }).find("outside the vocabulary"), std::string::npos);
+  EXPECT_NE(err([](json& j) { j["quantization_config"] = "fp8"; }).find("key 'quantization_config': expected an object"),
+            std::string::npos);
+  std::string e = err([](json& j) { j["model_type"] = std::string(100000, 'q'); });
+  EXPECT_NE(e.find("not a DeepSeek-V4 model"), std::string::npos);
+  EXPECT_LT(e.size(), 300u) << "the untrusted value was printed whole";
+  e = err([](json& j) { j["hidden_size"] = std::string(100000, 'q'); });
+  EXPECT_LT(e.size(), 300u);
+}
+
+// config.json: nesting is bounded while parsing; a directory or FIFO is not a file.
+TEST(BadConfig, DeepNestingAndNonFiles) {
+  fs::path d = fs::temp_directory_path() / ("cm_cfg_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  json j = fixture_config();
+  std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  std::string text = j.dump();
+  text.insert(text.size() - 1, ",\"quantization_config\":{\"x\":" + deep + "}");
+  std::ofstream(d / "config.json") << text;
+  std::string e = error_of([&] { config_load(d.string()); });
+  EXPECT_NE(e.find("config.json: JSON nested deeper than 64 levels"), std::string::npos) << e.substr(0, 300);
+  fs::remove(d / "config.json");
+  fs::create_directories(d / "config.json");
+  e = error_of([&] { config_load(d.string()); });
+  EXPECT_NE(e.find("config.json: is a directory"), std::string::npos) << e;
+  fs::remove(d / "config.json");
+  ASSERT_EQ(::mkfifo((d / "config.json").c_str(), 0600), 0);
+  e = error_of([&] { config_load(d.string()); });  // must not block
+  EXPECT_NE(e.find("not a regular file"), std::string::npos) << e;
+  fs::remove_all(d);
+}
+
+// Part of the release rule (0 window, 4 CSA, other positive = HCA): the config's
+// layer kinds must match the checkpoint, and a mismatch names the layer.
+TEST(BadCheckpoint, LayerKindsMatchTheCheckpoint) {
+  auto load_with = [&](const std::string& tag, int layer, int ratio,
+                       const std::function<void(std::vector<TensorData>&)>& edit = {}) {
+    json cfg = fixture_config(kRelease);
+    cfg["compress_ratios"][layer] = ratio;
+    std::string d = mutated_checkpoint(tag, edit ? edit : [](std::vector<TensorData>&) {}, &cfg, kRelease);
+    return error_of([&] { model_load(d); });
+  };
+  std::string e = load_with("k8", 1, 8);
+  EXPECT_NE(e.find("layer 1: compress_ratio 8 in the config makes it HCA"), std::string::npos) << e;
+  EXPECT_NE(e.find("indexer tensors ('layers.1.attn.indexer."), std::string::npos) << e;
+  e = load_with("k4", 2, 4);
+  EXPECT_NE(e.find("layer 2: compress_ratio 4 in the config makes it CSA"), std::string::npos) << e;
+  EXPECT_NE(e.find("no 'layers.2.attn.indexer.*' tensors"), std::string::npos) << e;
+  e = load_with("k0", 2, 0);
+  EXPECT_NE(e.find("layer 2: compress_ratio 0 in the config makes it sliding-window only, but the checkpoint has "
+                   "compressor tensors"),
+            std::string::npos)
+      << e;
+  e = load_with("k128", 0, 128);
+  EXPECT_NE(e.find("no 'layers.0.attn.compressor.*' tensors"), std::string::npos) << e;
+  e = load_with("k64", 2, 64);
+  EXPECT_NE(e.find("layer 2 (HCA, compress ratio 64 in the config): tensor 'layers.2.attn.compressor.ape' has shape "
+                   "[128, 32], expected [64, 32]"),
+            std::string::npos)
+      << e;
+}
+
+// An HCA ratio other than 128 loads and runs when the checkpoint agrees with it.
+TEST(BadCheckpoint, OtherHcaRatioRuns) {
+  json cfg = fixture_config(kRelease);
+  cfg["compress_ratios"][2] = 64;
+  std::string d = mutated_checkpoint(
+      "hca64",
+      [](std::vector<TensorData>& ts) {
+        for (auto& t : ts)
+          if (t.name == "layers.2.attn.compressor.ape") {
+            t.bytes.resize(t.bytes.size() / size_t(t.shape[0]) * 64);
+            t.shape[0] = 64;
+          }
+      },
+      &cfg, kRelease);
+  auto m = model_load(d);
+  EXPECT_EQ(m->config.ratio(2), 64);
+  EXPECT_EQ(m->config.attn_kinds[2], AttnKind::HCA);
+  State st = state_new(m->config);
+  std::vector<int32_t> toks(130);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t((i * 37 + 5) % 128);
+  std::vector<float> logits = forward(*m, st, toks.data(), int64_t(toks.size()));
+  ASSERT_FALSE(logits.empty());
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+}
+
+// NaN/Inf in a float-format linear weight is refused at load, naming the tensor
+// (small parameters were already checked; linears reached the logits).
+TEST(BadCheckpoint, NonFiniteLinearWeightIsNamed) {
+  std::string d = mutated_checkpoint("nanlin", [](std::vector<TensorData>& ts) {
+    for (auto& t : ts)
+      if (t.name == "model.layers.1.attn.wq_a.weight") {
+        ASSERT_EQ(t.dtype, DType::F32);
+        float nan = NAN;
+        std::memcpy(t.bytes.data() + 4 * 7, &nan, 4);
+      }
+  });
+  std::string e = error_of([&] { model_load(d); });
+  EXPECT_NE(e.find("tensor 'model.layers.1.attn.wq_a.weight' holds 1 non-finite value(s) (NaN or Inf; first at "
+                   "element 7)"),
+            std::string::npos)
+      << e;
+  d = mutated_checkpoint(
+      "inflin",
+      [](std::vector<TensorData>& ts) {
+        for (auto& t : ts)
+          if (t.name == "layers.0.ffn.experts.1.w2.weight" || t.name == "embed.weight") {
+            ASSERT_EQ(t.dtype, DType::BF16);
+            t.bytes[2 * 3] = 0x80;  // +Inf in BF16: 0x7F80
+            t.bytes[2 * 3 + 1] = 0x7f;
+          }
+      },
+      nullptr, kRelease);
+  e = error_of([&] { model_load(d); });
+  EXPECT_NE(e.find("'embed.weight' holds 1 non-finite"), std::string::npos) << e;
+  EXPECT_NE(e.find("'layers.0.ffn.experts.1.w2.weight' holds 1 non-finite"), std::string::npos) << e;
 }

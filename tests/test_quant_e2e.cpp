@@ -3,6 +3,10 @@
 // and chunked), quantize -> load -> logits, calibration, inspect, and the
 // RAM an NVFP4 model holds against its F32 source.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -410,4 +414,46 @@ TEST(QuantE2E, QuantizeCli) {
   EXPECT_TRUE(fs::exists(d + "/out4/tokenizer.json"));
   EXPECT_EQ(run("--in " + src + " --out " + d + "/out3 --default-input-amax 0", &err), 1);
   EXPECT_NE(err.find("--default-input-amax"), std::string::npos) << err;
+}
+
+// quantize writes into a staging directory and renames it to --out only when
+// complete: a write failing part-way (a file size limit stands in for a full
+// disk) leaves neither --out nor the staging directory. Runs in a child so the
+// limit cannot touch the test runner.
+TEST(QuantE2E, FailureMidwayLeavesNothing) {
+  const std::string d = tmpdir("qfail");
+  write_dequantized(kData + "/golden_quant_nvfp4", d + "/src");
+  // Copied last, after every shard, the index and config.json: over the limit.
+  std::ofstream(d + "/src/tokenizer.json") << std::string(200 * 1024, ' ') << "{}";
+  QuantizeOptions qo;
+  qo.in_dir = d + "/src";
+  qo.out_dir = d + "/out";
+  qo.shard_bytes = 32 * 1024;
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl {128 * 1024, 128 * 1024};
+    ::setrlimit(RLIMIT_FSIZE, &rl);
+    std::FILE* devnull = std::fopen("/dev/null", "w");
+    std::string e = error_of([&] { quantize_checkpoint(qo, {}, devnull); });
+    ::_exit(e.find("cannot copy") != std::string::npos ? 0 : e.find("write failed") != std::string::npos ? 2 : 1);
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "quantize did not report the failed copy after the shards (2: a shard failed)";
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(d)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"src"});
+  // Without the limit the same run completes, into an existing empty --out too.
+  fs::create_directories(d + "/out");
+  std::FILE* devnull = std::fopen("/dev/null", "w");
+  quantize_checkpoint(qo, {}, devnull);
+  std::fclose(devnull);
+  EXPECT_TRUE(fs::exists(d + "/out/config.json"));
+  left.clear();
+  for (const auto& e : fs::directory_iterator(d)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"out", "src"}));
 }

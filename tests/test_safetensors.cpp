@@ -1,5 +1,9 @@
 // Safetensors reader: round trip and every malformed-input rejection.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -116,4 +120,83 @@ TEST(Safetensors, ShardedIndex) {
   EXPECT_NE(e.find("'extra'"), std::string::npos) << e;
   std::ofstream(d + "/model.safetensors.index.json") << R"({"weight_map":{"a":"missing.safetensors"}})";
   EXPECT_NE(error_of([&] { TensorStore::open_dir(d); }).find("does not exist"), std::string::npos);
+}
+
+// A DOM would keep the last of two same-named entries silently.
+TEST(Safetensors, DuplicateNamesAndFieldsAreRejected) {
+  std::string d = tmpdir();
+  const std::string e1 = R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  write_raw(d + "/dup.safetensors", "{" + e1 + "," + e1 + "}", std::string(4, '\0'));
+  std::string e = error_of([&] { SafetensorsFile f(d + "/dup.safetensors"); });
+  EXPECT_NE(e.find("tensor 'a' appears twice"), std::string::npos) << e;
+  write_raw(d + "/dupf.safetensors", R"({"a":{"dtype":"F32","dtype":"F16","shape":[1],"data_offsets":[0,4]}})",
+            std::string(4, '\0'));
+  e = error_of([&] { SafetensorsFile f(d + "/dupf.safetensors"); });
+  EXPECT_NE(e.find("field 'dtype' appears twice"), std::string::npos) << e;
+  write_raw(d + "/dupm.safetensors", R"({"__metadata__":{"k":"1","k":"2"}})", "");
+  e = error_of([&] { SafetensorsFile f(d + "/dupm.safetensors"); });
+  EXPECT_NE(e.find("'k' appears twice"), std::string::npos) << e;
+}
+
+// Unknown fields are skipped, but not to any depth; deep nesting anywhere is an error, not a crash.
+TEST(Safetensors, NestingIsBounded) {
+  std::string d = tmpdir();
+  write_raw(d + "/ok.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":{"y":[1,2]}}})",
+            std::string(4, '\0'));
+  SafetensorsFile ok(d + "/ok.safetensors");
+  EXPECT_EQ(ok.find("a")->numel(), 1);
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  write_raw(d + "/deep.safetensors",
+            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":)" + deep + "}}", std::string(4, '\0'));
+  std::string e = error_of([&] { SafetensorsFile f(d + "/deep.safetensors"); });
+  EXPECT_NE(e.find("nested deeper"), std::string::npos) << e;
+  write_raw(d + "/top.safetensors", deep, "");
+  e = error_of([&] { SafetensorsFile f(d + "/top.safetensors"); });
+  EXPECT_NE(e.find("not a JSON object"), std::string::npos) << e;
+  write_raw(d + "/shape.safetensors", R"({"a":{"dtype":"F32","shape":[[1]],"data_offsets":[0,4]}})", "");
+  e = error_of([&] { SafetensorsFile f(d + "/shape.safetensors"); });
+  EXPECT_NE(e.find("shape entries must be non-negative integers"), std::string::npos) << e;
+  std::string dims = "1";
+  for (int i = 0; i < 40; ++i) dims += ",1";
+  write_raw(d + "/rank.safetensors", R"({"a":{"dtype":"F32","shape":[)" + dims + R"(],"data_offsets":[0,4]}})",
+            std::string(4, '\0'));
+  e = error_of([&] { SafetensorsFile f(d + "/rank.safetensors"); });
+  EXPECT_NE(e.find("more than 32 dimensions"), std::string::npos) << e;
+}
+
+// A FIFO or a directory where a safetensors file belongs is an error, never a hang.
+TEST(Safetensors, SpecialFilesAreRefused) {
+  std::string d = tmpdir();
+  ASSERT_EQ(::mkfifo((d + "/f.safetensors").c_str(), 0600), 0);
+  EXPECT_NE(error_of([&] { SafetensorsFile f(d + "/f.safetensors"); }).find("not a regular file"), std::string::npos);
+  fs::create_directories(d + "/dir/model.safetensors");
+  EXPECT_NE(error_of([&] { TensorStore::open_dir(d + "/dir"); }).find("is a directory"), std::string::npos);
+  fs::create_directories(d + "/idx/model.safetensors.index.json");
+  EXPECT_NE(error_of([&] { TensorStore::open_dir(d + "/idx"); }).find("is a directory"), std::string::npos);
+}
+
+// A legal header of many small entries parses into a bounded multiple of its
+// size (a JSON DOM took about 30x). Measured in a child process's peak RSS.
+TEST(Safetensors, HugeHeaderMemoryIsBounded) {
+  std::string d = tmpdir();
+  std::string h = "{";
+  const int n = 300000;
+  for (int i = 0; i < n; ++i)
+    h += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
+  h += "}";
+  write_raw(d + "/big.safetensors", h, "");
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    struct rusage before {}, after {};
+    ::getrusage(RUSAGE_SELF, &before);
+    SafetensorsFile f(d + "/big.safetensors");
+    ::getrusage(RUSAGE_SELF, &after);
+    const double grown = double(after.ru_maxrss - before.ru_maxrss) * 1024.0;
+    ::_exit(f.tensors().size() == size_t(n) && grown < 10.0 * double(h.size()) ? 0 : 1);
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "header of " << h.size() << " bytes: too many tensors parsed or too much memory";
 }

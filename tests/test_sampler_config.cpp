@@ -33,6 +33,25 @@ TEST(GenerationConfig, RejectsBadValues) {
   EXPECT_THROW(parse_generation_config(R"({"eos_token_id": ["x"]})"), Error);
 }
 
+// Ids outside int32, wrong types and deep nesting are named errors (ids were truncated silently).
+TEST(GenerationConfig, IdsTypesAndNestingAreChecked) {
+  auto err = [](const std::string& text) {
+    try {
+      parse_generation_config(text);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(err(R"({"eos_token_id": 4294967297})").find("4294967297 is not a token id"), std::string::npos);
+  EXPECT_NE(err(R"({"eos_token_id": [1, -2]})").find("-2 is not a token id"), std::string::npos);
+  EXPECT_EQ(err(R"({"do_sample": "true"})"), "generation_config.json: key 'do_sample': expected a boolean, got a string");
+  EXPECT_EQ(err(R"({"top_p": "0.9"})"), "generation_config.json: key 'top_p': expected a number, got a string");
+  EXPECT_NE(err(R"({"top_k": 1e300})").find("key 'top_k'"), std::string::npos);
+  EXPECT_NE(err("{\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}").find("nested deeper than 64"),
+            std::string::npos);
+}
+
 TEST(StopStrings, ReleasesSafeTextAndStopsAtTheEarliestMatch) {
   chat::StopStrings s({"###", "\nUser:"});
   std::string out;

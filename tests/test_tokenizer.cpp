@@ -3,6 +3,8 @@
 // tokenizer.json with DeepSeek-V3/V4's pre-tokenizer; every one must match exactly. Also: round
 // trips, the streaming decoder, invalid UTF-8, load errors, and an encode-speed measurement.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +14,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "test_util.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -208,4 +211,64 @@ TEST(Tokenizer, EncodeSpeed) {
   EXPECT_EQ(fixture_tok().decode(ids), big);
   std::printf("encode: %.1f MB in %.3f s = %.1f MB/s, %zu tokens\n", big.size() / 1e6, s,
               big.size() / 1e6 / s, ids.size());
+}
+
+// Token ids must fit int32 and (in the post-processor) name a real token;
+// config mistakes name tokenizer_config.json, not tokenizer.json.
+TEST(Tokenizer, BadIdsAndFilesAreNamed) {
+  auto err = [](const std::string& tj, const std::string& cfg = "") {
+    return cm::test::error_of([&] { Tokenizer::from_json(tj, cfg); });
+  };
+  const std::string model = R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []})";
+  std::string e = err("{" + model + R"(, "added_tokens": [{"id": 4294967297, "content": "<x>"}]})");
+  EXPECT_NE(e.find("added token '<x>': token id 4294967297 is outside"), std::string::npos) << e;
+  const std::string pp = R"(, "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}},
+      {"Sequence": {"id": "A"}}], "special_tokens": {"<s>": {"ids": [ID]}}}})";
+  auto with_id = [&](const std::string& id) {
+    std::string p = pp;
+    p.replace(p.find("ID"), 2, id);
+    return "{" + model + p;
+  };
+  e = err(with_id("77"));
+  EXPECT_NE(e.find("post_processor token '<s>' has id 77, which is not in the vocabulary"), std::string::npos) << e;
+  e = err(with_id("-3"));
+  EXPECT_NE(e.find("token id -3 is outside"), std::string::npos) << e;
+  EXPECT_EQ(err(with_id("1")), "");
+  e = err("{" + model + "}", R"({"add_bos_token": "yes"})");
+  EXPECT_NE(e.find("tokenizer_config.json: key 'add_bos_token': expected a boolean, got a string"), std::string::npos)
+      << e;
+  e = err("{" + model + "}", "{bad");
+  EXPECT_EQ(e.rfind("tokenizer_config.json: not valid JSON", 0), 0u) << e;
+}
+
+// A pre-tokenizer Sequence nested without end is refused while parsing, not by a stack overflow.
+TEST(Tokenizer, DeepNestingIsRefused) {
+  std::string pre;
+  for (int i = 0; i < 100000; ++i) pre += R"({"type": "Sequence", "pretokenizers": [)";
+  pre += "null";
+  for (int i = 0; i < 100000; ++i) pre += "]}";
+  std::string e = cm::test::error_of([&] {
+    Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": )" + pre + "}");
+  });
+  EXPECT_NE(e.find("tokenizer.json: JSON nested deeper than 64 levels"), std::string::npos) << e.substr(0, 200);
+}
+
+// Directories and special files where tokenizer files belong are errors naming them.
+TEST(Tokenizer, DirectoriesAndFifosAreNotFiles) {
+  const fs::path d = fs::temp_directory_path() / ("cm_tokdir_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "tokenizer.json");
+  auto load_error = [&] { return cm::test::error_of([&] { Tokenizer::load(d.string()); }); };
+  std::string e = load_error();
+  EXPECT_NE(e.find("tokenizer.json: is a directory"), std::string::npos) << e;
+  fs::remove(d / "tokenizer.json");
+  fs::copy_file(kDir + "/tokenizer.json", d / "tokenizer.json");
+  fs::create_directories(d / "tokenizer_config.json");  // used to read as an empty file: no config
+  e = load_error();
+  EXPECT_NE(e.find("tokenizer_config.json: is a directory"), std::string::npos) << e;
+  fs::remove(d / "tokenizer_config.json");
+  ASSERT_EQ(::mkfifo((d / "tokenizer_config.json").c_str(), 0600), 0);
+  e = load_error();  // must not block waiting for a writer
+  EXPECT_NE(e.find("not a regular file"), std::string::npos) << e;
+  fs::remove_all(d);
 }

@@ -8,6 +8,7 @@
 #include "chat/dsv4.h"
 #include "chat/py_json.h"
 #include "common/error.h"
+#include "io/input_file.h"
 
 namespace cm::chat {
 
@@ -130,10 +131,14 @@ std::string dsml_parameters(const Json& arguments) {
   Json args;
   bool is_object = false;
   if (arguments.is_string()) {
+    // Not JSON: rendered as raw text below. Nested past the depth limit: an
+    // error (dumping it would recurse without bound).
     try {
-      args = Json::parse(arguments.get<std::string>());
+      args = parse_json_as<Json>(arguments.get_ref<const std::string&>(), "tool call arguments");
       is_object = args.is_object();
-    } catch (const Json::exception&) {
+    } catch (const JsonTooDeep&) {
+      throw;
+    } catch (const Error&) {
     }
   }
   if (!is_object) args = Json{{"arguments", arguments}};

@@ -9,13 +9,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "common/error.h"
+#include "io/input_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -23,17 +22,19 @@ namespace {
 struct Opts {
   cm::cli::EngineOptions eng;
   std::string file;
-  int64_t ctx = 0, stride = 0, chunks = -1;
+  int64_t ctx = 0, stride = 0, chunks = 0;
+  bool ctx_given = false, stride_given = false, chunks_given = false;
 };
 
 int run(Opts& o) {
-  std::ifstream in(o.file, std::ios::binary);
-  if (!in) cm::fail("--file: cannot read {}", o.file);
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  // Flags given explicitly must be positive (0 / -1 are not "the default").
+  if (o.ctx_given && o.ctx < 2) cm::fail("--ctx must be >= 2 (got {})", o.ctx);
+  if (o.stride_given && o.stride < 1) cm::fail("--stride must be >= 1 (got {})", o.stride);
+  if (o.chunks_given && o.chunks < 1) cm::fail("--chunks must be >= 1 (got {})", o.chunks);
+  const std::string text = cm::read_regular_file(o.file, cm::kMaxTextBytes, "--file");
   auto m = cm::cli::load_model(o.eng);
   cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
-  std::vector<int32_t> ids = tok.encode(ss.str(), cm::EncodeOptions{false, false});
+  std::vector<int32_t> ids = tok.encode(text, cm::EncodeOptions{false, false});
   const int64_t N = int64_t(ids.size()), V = m->config.vocab_size;
   const int64_t ctx = o.ctx > 0 ? o.ctx : std::min<int64_t>(1024, m->config.max_position_embeddings);
   const int64_t stride = o.stride > 0 ? o.stride : ctx;
@@ -43,7 +44,7 @@ int run(Opts& o) {
   if (stride > ctx) cm::fail("--stride {} must not exceed --ctx {}", stride, ctx);
   if (N < ctx) cm::fail("{}: {} tokens, fewer than one window of --ctx {}", o.file, N, ctx);
   int64_t windows = (N - ctx) / stride + 1;
-  if (o.chunks >= 0) windows = std::min(windows, o.chunks);
+  if (o.chunks_given) windows = std::min(windows, o.chunks);
   cm::LayerStatsObserver stats(stderr);
   cm::ForwardOptions fo = cm::cli::forward_options(o.eng, &stats);
   fo.all_logits = true;
@@ -81,10 +82,15 @@ cm::cli::CommandRegistrar reg({"perplexity", "Perplexity of a model on a text fi
                                  auto o = std::make_shared<Opts>();
                                  cm::cli::add_engine_options(app, o->eng);
                                  app.add_option("-f,--file", o->file, "Text file (its exact bytes)")->required();
-                                 app.add_option("-c,--ctx", o->ctx, "Window length in tokens (default 1024)");
-                                 app.add_option("--stride", o->stride, "Window start spacing (default --ctx)");
-                                 app.add_option("--chunks", o->chunks, "Evaluate at most this many windows");
-                                 return [o] { return run(*o); };
+                                 auto* c = app.add_option("-c,--ctx", o->ctx, "Window length in tokens (default 1024)");
+                                 auto* s = app.add_option("--stride", o->stride, "Window start spacing (default --ctx)");
+                                 auto* k = app.add_option("--chunks", o->chunks, "Evaluate at most this many windows");
+                                 return [o, c, s, k] {
+                                   o->ctx_given = c->count() > 0;
+                                   o->stride_given = s->count() > 0;
+                                   o->chunks_given = k->count() > 0;
+                                   return run(*o);
+                                 };
                                }});
 
 }  // namespace

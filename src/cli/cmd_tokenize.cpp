@@ -5,22 +5,18 @@
 #include <chrono>
 #include <ctime>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "common/error.h"
+#include "io/input_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  CM_CHECK(f.good(), "tokenize: cannot read {}", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+std::string read_all(const std::string& path, const char* flag) {
+  return cm::read_regular_file(path, cm::kMaxTextBytes, flag);
 }
 
 std::string join_ids(const std::vector<int32_t>& ids) {
@@ -94,7 +90,7 @@ cm::cli::CommandRegistrar reg_tokenize({"tokenize", "Print the token ids of a te
     cm::Tokenizer tok = cm::Tokenizer::load(o->model);
     cm::EncodeOptions eo{.parse_special = !o->no_special, .add_special = o->add_special};
     if (b->count()) {
-      std::istringstream in(read_all(o->batch_hex));
+      std::istringstream in(read_all(o->batch_hex, "--batch-hex"));
       std::string line, out;
       for (size_t n = 1; std::getline(in, line); ++n) {
         if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -104,7 +100,7 @@ cm::cli::CommandRegistrar reg_tokenize({"tokenize", "Print the token ids of a te
       std::fwrite(out.data(), 1, out.size(), stdout);
       return 0;
     }
-    std::string text = f->count() ? read_all(o->file) : o->prompt;
+    std::string text = f->count() ? read_all(o->file, "--file") : o->prompt;
     auto t0 = std::chrono::steady_clock::now();
     std::clock_t c0 = std::clock();
     auto ids = tok.encode(text, eo);

@@ -9,13 +9,12 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/error.h"
+#include "io/input_file.h"
 #include "io/output_file.h"
 
 namespace cm {
@@ -38,6 +37,12 @@ std::string TensorView::shape_str() const {
 namespace {
 // The reference implementation refuses headers over 100 MB.
 constexpr uint64_t kMaxHeader = 100u << 20;
+// Bounds on what a header may describe, so a legal-size header cannot cost
+// far more memory than its text: dims per tensor, nesting of ignored values,
+// and the estimated bytes of the parsed tensor table (see HeaderParser::cost).
+constexpr size_t kMaxRank = 32;
+constexpr int kMaxSkipDepth = 32;
+constexpr uint64_t kMaxHeaderCost = uint64_t(1) << 30;
 
 struct Fd {
   int fd;
@@ -45,6 +50,215 @@ struct Fd {
     if (fd >= 0) ::close(fd);
   }
 };
+
+// A tensor name as shown in messages (names come from the file: never print one whole).
+std::string show(const std::string& name) { return truncate_text(name, 120); }
+
+struct Entry {
+  std::string name, dtype;
+  std::vector<uint64_t> shape;
+  std::vector<uint64_t> offsets;
+  bool has_dtype = false, has_shape = false, has_offsets = false;
+};
+
+// Streaming (SAX) parse of the header straight into tensor entries, without a
+// JSON DOM: a DOM of a 100 MB header costs about 30x its size. Rejects
+// duplicate tensor names and duplicate fields (a DOM keeps the last silently).
+struct HeaderParser : nlohmann::json_sax<json> {
+  const std::string& path;
+  const uint8_t* data;  // the data buffer after the header
+  uint64_t data_size;
+  std::map<std::string, TensorView>& tensors;
+  std::map<std::string, std::string>& metadata;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // data_offsets of every tensor
+  Entry cur;            // the entry being read
+  uint64_t cost = 0;  // estimated bytes of the parsed table
+  // Where we are: 0 outside, 1 in the top object, 2 in an entry or __metadata__, 3 in shape/offsets.
+  int level = 0;
+  bool in_metadata = false, seen_metadata = false;
+  std::string tname, field;  // current tensor name (top-level key), current entry field
+  std::set<std::string> fields;
+  int skip = 0;  // > 0 while skipping an unknown field's value (its nesting depth)
+  bool skip_next = false;  // the next value belongs to an unknown field
+
+  HeaderParser(const std::string& p, const uint8_t* d, uint64_t n, std::map<std::string, TensorView>& t,
+               std::map<std::string, std::string>& m)
+      : path(p), data(d), data_size(n), tensors(t), metadata(m) {}
+
+  // Checks the finished entry against the data buffer and adds it.
+  void add_tensor() {
+    const std::string name = show(cur.name);
+    TensorView v;
+    v.file = path;
+    if (!dtype_parse(cur.dtype, &v.dtype))
+      fail("{}: tensor '{}': unsupported dtype '{}'", path, name, truncate_text(cur.dtype, 40));
+    uint64_t numel = 1;
+    for (uint64_t dim : cur.shape) {
+      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim / 8)
+        fail("{}: tensor '{}': shape overflows", path, name);
+      numel *= dim;
+      v.shape.push_back(int64_t(dim));
+    }
+    uint64_t b = cur.offsets[0], en = cur.offsets[1];
+    if (b > en) fail("{}: tensor '{}': data_offsets [{}, {}) are reversed", path, name, b, en);
+    if (en > data_size)
+      fail("{}: tensor '{}': data_offsets [{}, {}) lie outside the {}-byte data buffer (truncated file?)", path, name,
+           b, en, data_size);
+    uint64_t want = numel * dtype_size(v.dtype);
+    if (en - b != want)
+      fail("{}: tensor '{}': {} bytes stored but {} {} needs {}", path, name, en - b, cur.dtype, v.shape_str(), want);
+    v.data = data + b;
+    v.nbytes = size_t(en - b);
+    v.name = cur.name;
+    ranges.emplace_back(b, en);
+    tensors.emplace(std::move(cur.name), std::move(v));
+  }
+
+  [[noreturn]] void bad(const std::string& what) const {
+    if (level >= 2 && !in_metadata) fail("{}: tensor '{}': {}", path, show(tname), what);
+    fail("{}: header {}", path, what);
+  }
+  void charge(uint64_t n) {
+    cost += n;
+    if (cost > kMaxHeaderCost)
+      fail("{}: header describes more than {} MB of tensor table; refusing it", path, kMaxHeaderCost >> 20);
+  }
+  // A scalar value arrived at the current position.
+  bool scalar(const json& v) {
+    if (skip_next) return skip_next = false, true;
+    if (skip) return true;
+    if (level == 0) fail("{}: header is not a JSON object", path);
+    if (level == 1) {
+      if (tname == "__metadata__") fail("{}: __metadata__ is not an object", path);
+      fail("{}: tensor '{}': entry needs dtype, shape and data_offsets", path, show(tname));
+    }
+    if (level == 2 && in_metadata) {
+      if (!v.is_string()) fail("{}: __metadata__ value of '{}' is not a string", path, show(field));
+      charge(96 + field.size() + v.get_ref<const std::string&>().size());
+      metadata[field] = v.get<std::string>();
+      return true;
+    }
+    Entry& e = cur;
+    if (level == 2) {
+      if (field == "dtype") {
+        if (!v.is_string()) bad("dtype is not a string");
+        e.dtype = v.get<std::string>();
+        e.has_dtype = true;
+      } else if (field == "shape") {
+        bad("shape is not an array");
+      } else {
+        bad("data_offsets must be two non-negative integers");
+      }
+      return true;
+    }
+    // level 3: an element of shape or data_offsets
+    if (field == "shape") {
+      if (!v.is_number_unsigned()) bad("shape entries must be non-negative integers");
+      if (e.shape.size() >= kMaxRank) bad(fmt::format("shape has more than {} dimensions", kMaxRank));
+      e.shape.push_back(v.get<uint64_t>());
+      charge(8);
+    } else {
+      if (!v.is_number_unsigned() || e.offsets.size() >= 2) bad("data_offsets must be two non-negative integers");
+      e.offsets.push_back(v.get<uint64_t>());
+    }
+    return true;
+  }
+  bool open(bool object) {
+    if (skip_next) {
+      skip_next = false;
+      skip = 1;
+      return true;
+    }
+    if (skip) {
+      if (++skip > kMaxSkipDepth) fail("{}: header nested deeper than {} levels", path, kMaxSkipDepth);
+      return true;
+    }
+    if (level == 0) {
+      if (!object) fail("{}: header is not a JSON object", path);
+      level = 1;
+      return true;
+    }
+    if (level == 1) {
+      if (!object) {
+        if (tname == "__metadata__") fail("{}: __metadata__ is not an object", path);
+        fail("{}: tensor '{}': entry needs dtype, shape and data_offsets", path, show(tname));
+      }
+      level = 2;
+      fields.clear();
+      in_metadata = tname == "__metadata__";
+      if (in_metadata) {
+        if (seen_metadata) fail("{}: __metadata__ appears twice in the header", path);
+        seen_metadata = true;
+      } else {
+        if (tensors.count(tname)) fail("{}: tensor '{}' appears twice in the header", path, show(tname));
+        // map node + TensorView + name twice + file path + shape vector + range
+        charge(224 + 2 * tname.size() + path.size());
+        cur = Entry();
+        cur.name = tname;
+      }
+      return true;
+    }
+    if (level == 2 && in_metadata) fail("{}: __metadata__ value of '{}' is not a string", path, show(field));
+    if (level == 2 && field == "dtype") bad("dtype is not a string");
+    if (level == 2 && object) {
+      if (field == "shape") bad("shape is not an array");
+      bad("data_offsets must be two non-negative integers");
+    }
+    if (level == 2) {
+      level = 3;
+      if (field == "shape") cur.has_shape = true;
+      else cur.has_offsets = true;
+      return true;
+    }
+    if (field == "shape") bad("shape entries must be non-negative integers");
+    bad("data_offsets must be two non-negative integers");
+  }
+  bool close() {
+    if (skip) {
+      --skip;
+      return true;
+    }
+    if (level == 2 && !in_metadata) {
+      if (!cur.has_dtype || !cur.has_shape || !cur.has_offsets) bad("entry needs dtype, shape and data_offsets");
+      if (cur.offsets.size() != 2) bad("data_offsets must be two non-negative integers");
+      add_tensor();
+    }
+    if (level == 2) in_metadata = false;
+    --level;
+    return true;
+  }
+
+  bool null() override { return scalar(json()); }
+  bool boolean(bool v) override { return scalar(json(v)); }
+  bool number_integer(json::number_integer_t v) override { return scalar(json(v)); }
+  bool number_unsigned(json::number_unsigned_t v) override { return scalar(json(v)); }
+  bool number_float(json::number_float_t v, const json::string_t&) override { return scalar(json(v)); }
+  bool string(json::string_t& v) override { return scalar(json(std::move(v))); }
+  bool binary(json::binary_t&) override { return scalar(json()); }
+  bool start_object(std::size_t) override { return open(true); }
+  bool start_array(std::size_t) override { return open(false); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(json::string_t& k) override {
+    if (skip) return true;
+    if (level == 1) {
+      tname = std::move(k);
+    } else if (in_metadata) {
+      if (metadata.count(k)) fail("{}: __metadata__ key '{}' appears twice", path, show(k));
+      field = std::move(k);
+    } else {
+      if (!fields.insert(k).second) bad(fmt::format("field '{}' appears twice", show(k)));
+      field = std::move(k);
+      // Unknown fields are ignored (as other readers do); their value is skipped.
+      if (field != "dtype" && field != "shape" && field != "data_offsets") skip_next = true;
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) override {
+    fail("{}: header is not valid JSON: {}", path, truncate_text(ex.what(), 200));
+  }
+};
+
 }  // namespace
 
 SafetensorsContents parse_safetensors(const uint8_t* base, size_t size, const std::string& path) {
@@ -55,61 +269,10 @@ SafetensorsContents parse_safetensors(const uint8_t* base, size_t size, const st
   if (n > kMaxHeader) fail("{}: header length {} is over the 100 MB limit", path, n);
   if (n > size - 8)
     fail("{}: header length {} runs past the end of the file ({} bytes)", path, n, size);
-  json h;
-  try {
-    h = json::parse(base + 8, base + 8 + n);
-  } catch (const json::exception& e) {
-    fail("{}: header is not valid JSON: {}", path, e.what());
-  }
-  if (!h.is_object()) fail("{}: header is not a JSON object", path);
   const uint8_t* data = base + 8 + n;
-  const uint64_t data_size = size - 8 - n;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (auto it = h.begin(); it != h.end(); ++it) {
-    const std::string& name = it.key();
-    const json& e = it.value();
-    if (name == "__metadata__") {
-      if (!e.is_object()) fail("{}: __metadata__ is not an object", path);
-      for (auto m2 = e.begin(); m2 != e.end(); ++m2) {
-        if (!m2.value().is_string()) fail("{}: __metadata__ value of '{}' is not a string", path, m2.key());
-        out.metadata[m2.key()] = m2.value().get<std::string>();
-      }
-      continue;
-    }
-    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
-      fail("{}: tensor '{}': entry needs dtype, shape and data_offsets", path, name);
-    TensorView v;
-    v.name = name;
-    v.file = path;
-    if (!e["dtype"].is_string()) fail("{}: tensor '{}': dtype is not a string", path, name);
-    std::string dt = e["dtype"].get<std::string>();
-    if (!dtype_parse(dt, &v.dtype)) fail("{}: tensor '{}': unsupported dtype '{}'", path, name, dt);
-    if (!e["shape"].is_array()) fail("{}: tensor '{}': shape is not an array", path, name);
-    uint64_t numel = 1;
-    for (const json& d : e["shape"]) {
-      if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape entries must be non-negative integers", path, name);
-      uint64_t dim = d.get<uint64_t>();
-      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim / 8)
-        fail("{}: tensor '{}': shape {} overflows", path, name, e["shape"].dump());
-      numel *= dim;
-      v.shape.push_back(int64_t(dim));
-    }
-    const json& off = e["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      fail("{}: tensor '{}': data_offsets must be two non-negative integers", path, name);
-    uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
-    if (b > en) fail("{}: tensor '{}': data_offsets [{}, {}) are reversed", path, name, b, en);
-    if (en > data_size)
-      fail("{}: tensor '{}': data_offsets [{}, {}) lie outside the {}-byte data buffer (truncated file?)", path,
-           name, b, en, data_size);
-    uint64_t want = numel * dtype_size(v.dtype);
-    if (en - b != want)
-      fail("{}: tensor '{}': {} bytes stored but {} {} needs {}", path, name, en - b, dt, v.shape_str(), want);
-    v.data = data + b;
-    v.nbytes = size_t(en - b);
-    ranges.emplace_back(b, en);
-    out.tensors.emplace(name, std::move(v));
-  }
+  HeaderParser h(path, data, size - 8 - n, out.tensors, out.metadata);
+  json::sax_parse(base + 8, base + 8 + n, &h);
+  std::vector<std::pair<uint64_t, uint64_t>>& ranges = h.ranges;
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].first < ranges[i - 1].second) {
@@ -119,7 +282,7 @@ SafetensorsContents parse_safetensors(const uint8_t* base, size_t size, const st
         if (o == ranges[i - 1].first && a.empty()) a = nm;
         else if (o == ranges[i].first) b2 = nm;
       }
-      fail("{}: tensors '{}' and '{}' overlap in the data buffer", path, a, b2);
+      fail("{}: tensors '{}' and '{}' overlap in the data buffer", path, show(a), show(b2));
     }
   }
   return out;
@@ -127,30 +290,27 @@ SafetensorsContents parse_safetensors(const uint8_t* base, size_t size, const st
 
 std::map<std::string, std::vector<std::string>> parse_safetensors_index(std::string_view text,
                                                                         const std::string& source) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", source, e.what());
-  }
+  json j = parse_json(text, source);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     fail("{}: missing the weight_map object", source);
   std::map<std::string, std::vector<std::string>> by_file;
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    if (!it.value().is_string()) fail("{}: weight_map entry '{}' is not a file name", source, it.key());
+    if (!it.value().is_string()) fail("{}: weight_map entry '{}' is not a file name", source, show(it.key()));
     std::string file = it.value().get<std::string>();
     if (file.find('/') != std::string::npos || file == "..")
-      fail("{}: weight_map entry '{}' names a path outside the directory: '{}'", source, it.key(), file);
+      fail("{}: weight_map entry '{}' names a path outside the directory: '{}'", source, show(it.key()), show(file));
     by_file[file].push_back(it.key());
   }
   return by_file;
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  // O_NONBLOCK: a FIFO given as a checkpoint file must not wait for a writer.
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (f.fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) fail("{}: cannot stat: {}", path, std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) fail("{}: is a directory, not a safetensors file", path);
   if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", path);
   size_t size = size_t(st.st_size);
   if (size < 8) fail("{}: truncated safetensors file ({} bytes, no header length)", path, size);
@@ -191,13 +351,8 @@ TensorStore TensorStore::open_dir(const std::string& dir) {
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   TensorStore s;
   if (fs::exists(index)) {
-    std::string text;
-    {
-      std::ifstream in(index, std::ios::binary);
-      if (!in) fail("{}: cannot open", index.string());
-      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
-    std::map<std::string, std::vector<std::string>> by_file = parse_safetensors_index(text, index.string());
+    std::map<std::string, std::vector<std::string>> by_file =
+        parse_safetensors_index(read_regular_file(index.string(), kMaxConfigBytes), index.string());
     for (auto& [file, names] : by_file) {
       fs::path p = fs::path(dir) / file;
       if (!fs::exists(p)) fail("{}: shard '{}' named by the index does not exist", index.string(), p.string());
@@ -205,11 +360,12 @@ TensorStore TensorStore::open_dir(const std::string& dir) {
       std::set<std::string> expected(names.begin(), names.end());
       for (const auto& n : names) {
         const TensorView* v = f->find(n);
-        if (!v) fail("{}: tensor '{}' is listed in the index but not stored in this shard", p.string(), n);
+        if (!v) fail("{}: tensor '{}' is listed in the index but not stored in this shard", p.string(), show(n));
         s.index_[n] = v;
       }
       for (auto& [n, v] : f->tensors())
-        if (!expected.count(n)) fail("{}: tensor '{}' is stored in this shard but not listed in the index", p.string(), n);
+        if (!expected.count(n))
+          fail("{}: tensor '{}' is stored in this shard but not listed in the index", p.string(), show(n));
       s.files_.push_back(std::move(f));
     }
     return s;

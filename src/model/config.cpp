@@ -3,10 +3,9 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "common/error.h"
+#include "io/input_file.h"
 
 namespace cm {
 
@@ -35,9 +34,9 @@ struct Reader {
       return def;
     }
     const json& v = j[k];
-    if (!v.is_number_integer()) fail("{}: '{}' must be an integer, got {}", src, k, v.dump());
-    int64_t x = v.get<int64_t>();
-    if (x < lo || x > hi) fail("{}: '{}' = {} is out of range [{}, {}]", src, k, x, lo, hi);
+    if (!v.is_number_integer()) fail("{}: key '{}': expected an integer, got {}", src, k, describe_json(v));
+    int64_t x = 0;
+    if (!json_int_in(v, lo, hi, &x)) fail("{}: '{}' = {} is out of range [{}, {}]", src, k, v.dump(), lo, hi);
     return x;
   }
   double number(const char* k, double lo, double hi, bool required = true, double def = 0) const {
@@ -46,10 +45,20 @@ struct Reader {
       return def;
     }
     const json& v = j[k];
-    if (!v.is_number()) fail("{}: '{}' must be a number, got {}", src, k, v.dump());
+    if (!v.is_number()) fail("{}: key '{}': expected a number, got {}", src, k, describe_json(v));
     double x = v.get<double>();
     if (!std::isfinite(x) || x < lo || x > hi) fail("{}: '{}' = {} is out of range [{}, {}]", src, k, x, lo, hi);
     return x;
+  }
+  bool boolean(const char* k, bool def) const {
+    if (!has(k)) return def;
+    if (!j[k].is_boolean()) fail("{}: key '{}': expected a boolean, got {}", src, k, json_type_name(j[k]));
+    return j[k].get<bool>();
+  }
+  std::string string(const char* k, const std::string& def) const {
+    if (!has(k)) return def;
+    if (!j[k].is_string()) fail("{}: key '{}': expected a string, got {}", src, k, json_type_name(j[k]));
+    return j[k].get<std::string>();
   }
 };
 
@@ -63,7 +72,8 @@ RopeConfig rope_from(const json& p, double theta, const std::string& src, const 
   if (p.contains("rope_theta") && p["rope_theta"].is_number()) r.theta = p["rope_theta"].get<double>();
   if (!(r.theta > 1.0) || !std::isfinite(r.theta)) fail("{}: {} rope_theta = {} must be > 1", src, what, r.theta);
   if (type == "default") return r;
-  if (type != "yarn") fail("{}: {} rope type '{}' is not supported (default or yarn)", src, what, type);
+  if (type != "yarn")
+    fail("{}: {} rope type '{}' is not supported (default or yarn)", src, what, truncate_text(type, 60));
   r.yarn = true;
   auto num = [&](const char* k, double def) {
     if (!p.contains(k) || p[k].is_null()) return def;
@@ -89,10 +99,10 @@ RopeConfig rope_from(const json& p, double theta, const std::string& src, const 
 
 Config config_from_json(const json& j, const std::string& src) {
   if (!j.is_object()) fail("{}: not a JSON object", src);
-  if (j.contains("model_type") && j["model_type"].is_string() && j["model_type"] != "deepseek_v4")
-    fail("{}: model_type '{}' is not a DeepSeek-V4 model (expected deepseek_v4)", src,
-         j["model_type"].get<std::string>());
   Reader r{j, src};
+  const std::string model_type = r.string("model_type", "deepseek_v4");
+  if (model_type != "deepseek_v4")
+    fail("{}: model_type '{}' is not a DeepSeek-V4 model (expected deepseek_v4)", src, truncate_text(model_type, 60));
   Config c;
   const int64_t kBig = int64_t(1) << 40;
   c.vocab_size = r.integer("vocab_size", 1, int64_t(1) << 31);
@@ -121,10 +131,11 @@ Config config_from_json(const json& j, const std::string& src) {
   c.n_shared_experts = r.integer("n_shared_experts", 0, 1, false, 1);
   c.moe_inter = r.integer("moe_intermediate_size", 1, 1 << 20);
   c.routed_scaling_factor = r.number("routed_scaling_factor", 0.0, 1e6, false, 1.0);
-  if (r.has("norm_topk_prob")) c.norm_topk_prob = j["norm_topk_prob"].get<bool>();
+  c.norm_topk_prob = r.boolean("norm_topk_prob", true);
   if (!c.norm_topk_prob) fail("{}: norm_topk_prob = false is not supported by DeepSeek-V4 routing", src);
-  std::string scoring = r.has("scoring_func") ? j["scoring_func"].get<std::string>() : "sqrtsoftplus";
-  if (scoring != "sqrtsoftplus") fail("{}: scoring_func '{}' is not supported (sqrtsoftplus)", src, scoring);
+  std::string scoring = r.string("scoring_func", "sqrtsoftplus");
+  if (scoring != "sqrtsoftplus")
+    fail("{}: scoring_func '{}' is not supported (sqrtsoftplus)", src, truncate_text(scoring, 60));
   c.swiglu_limit = float(r.number("swiglu_limit", 0.0, 1e9, false, 0.0));
   c.sliding_window = r.integer("sliding_window", 1, 1 << 20);
   c.index_n_heads = r.integer("index_n_heads", 1, 1 << 12);
@@ -141,18 +152,27 @@ Config config_from_json(const json& j, const std::string& src) {
   c.bos_token_id = r.has("bos_token_id") ? r.integer("bos_token_id", 0, c.vocab_size - 1) : -1;
   if (r.has("eos_token_id")) {
     const json& e = j["eos_token_id"];
+    auto id = [&](const json& x) {
+      if (!x.is_number_integer())
+        fail("{}: key 'eos_token_id': expected an integer or a list of integers, got {}", src, describe_json(x));
+      int64_t v = 0;
+      if (!json_int_in(x, 0, c.vocab_size - 1, &v))
+        fail("{}: eos_token_id {} is outside the vocabulary [0, {})", src, x.dump(), c.vocab_size);
+      c.eos_token_ids.push_back(v);
+    };
     if (e.is_array()) {
-      for (const json& x : e) c.eos_token_ids.push_back(x.get<int64_t>());
-    } else if (e.is_number_integer()) {
-      c.eos_token_ids.push_back(e.get<int64_t>());
+      for (const json& x : e) id(x);
     } else {
-      fail("{}: eos_token_id must be an integer or a list", src);
+      id(e);
     }
-    for (int64_t x : c.eos_token_ids)
-      if (x < 0 || x >= c.vocab_size) fail("{}: eos_token_id {} is outside the vocabulary", src, x);
   }
-  if (r.has("tie_word_embeddings")) c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
-  if (j.contains("quantization_config")) c.quantization = j["quantization_config"];
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  if (j.contains("quantization_config")) {
+    const json& q = j["quantization_config"];
+    if (!q.is_null() && !q.is_object())
+      fail("{}: key 'quantization_config': expected an object, got {}", src, json_type_name(q));
+    c.quantization = q;
+  }
 
   // --- layer kinds
   const bool hf_form = r.has("layer_types");
@@ -164,20 +184,22 @@ Config config_from_json(const json& j, const std::string& src) {
       const json& cr = j["compress_rates"];
       if (!cr.is_object()) fail("{}: compress_rates must be an object", src);
       for (auto it = cr.begin(); it != cr.end(); ++it) {
-        if (!it.value().is_number_integer()) fail("{}: compress_rates['{}'] must be an integer", src, it.key());
+        const std::string key = truncate_text(it.key(), 60);
+        if (!it.value().is_number_integer())
+          fail("{}: compress_rates['{}']: expected an integer, got {}", src, key, json_type_name(it.value()));
         int64_t v = it.value().get<int64_t>();
-        if (v < 2 || v > 1 << 16) fail("{}: compress_rates['{}'] = {} is out of range [2, 65536]", src, it.key(), v);
+        if (v < 2 || v > 1 << 16) fail("{}: compress_rates['{}'] = {} is out of range [2, 65536]", src, key, v);
         if (it.key() == "compressed_sparse_attention") c.csa_ratio = v;
         else if (it.key() == "heavily_compressed_attention") c.hca_ratio = v;
-        else fail("{}: compress_rates has unknown layer type '{}'", src, it.key());
+        else fail("{}: compress_rates has unknown layer type '{}'", src, key);
       }
     }
     const json& lt = j["layer_types"];
     if (!lt.is_array() || int64_t(lt.size()) != c.num_layers)
       fail("{}: layer_types must list {} layers (num_hidden_layers), got {}", src, c.num_layers,
-           lt.is_array() ? std::to_string(lt.size()) : lt.dump());
+           lt.is_array() ? std::to_string(lt.size()) : json_type_name(lt));
     for (const json& t : lt) {
-      std::string s = t.is_string() ? t.get<std::string>() : t.dump();
+      std::string s = t.is_string() ? truncate_text(t.get<std::string>(), 60) : describe_json(t);
       if (s == "sliding_attention") c.attn_kinds.push_back(AttnKind::SLIDING);
       else if (s == "compressed_sparse_attention") c.attn_kinds.push_back(AttnKind::CSA);
       else if (s == "heavily_compressed_attention") c.attn_kinds.push_back(AttnKind::HCA);
@@ -191,21 +213,32 @@ Config config_from_json(const json& j, const std::string& src) {
     if (n != c.num_layers && n != c.num_layers + c.num_nextn_predict_layers)
       fail("{}: compress_ratios has {} entries; expected {} layers + {} MTP = {}", src, n, c.num_layers,
            c.num_nextn_predict_layers, c.num_layers + c.num_nextn_predict_layers);
-    for (int64_t i = 0; i < c.num_layers; ++i) {
-      if (!cr[size_t(i)].is_number_integer()) fail("{}: compress_ratios[{}] must be an integer", src, i);
-      int64_t v = cr[size_t(i)].get<int64_t>();
-      if (v == 0) c.attn_kinds.push_back(AttnKind::SLIDING);
-      else if (v == 4) c.attn_kinds.push_back(AttnKind::CSA);
-      else if (v == 128) c.attn_kinds.push_back(AttnKind::HCA);
-      else fail("{}: compress_ratios[{}] = {} is not a known ratio (0, 4 or 128)", src, i, v);
+    // The official code's rule: 0 = sliding window only, 4 = CSA (overlapping
+    // compressor + indexer), any other positive ratio = HCA. Entries past the
+    // main layers belong to the MTP blocks and are only checked.
+    bool hca_seen = false;
+    for (int64_t i = 0; i < n; ++i) {
+      const json& x = cr[size_t(i)];
+      if (!x.is_number_integer())
+        fail("{}: compress_ratios[{}]: expected an integer, got {}", src, i, describe_json(x));
+      int64_t v = 0;
+      if (!json_int_in(x, 0, 1 << 16, &v))
+        fail("{}: compress_ratios[{}] = {} is out of range [0, 65536]", src, i, x.dump());
+      if (i >= c.num_layers) continue;
+      c.attn_kinds.push_back(v == 0 ? AttnKind::SLIDING : v == 4 ? AttnKind::CSA : AttnKind::HCA);
+      c.layer_ratios.push_back(v);
+      if (c.attn_kinds.back() == AttnKind::HCA && !hca_seen) c.hca_ratio = v, hca_seen = true;
     }
   }
+  if (c.layer_ratios.empty())
+    for (AttnKind k : c.attn_kinds)
+      c.layer_ratios.push_back(k == AttnKind::CSA ? c.csa_ratio : k == AttnKind::HCA ? c.hca_ratio : 0);
   if (r.has("mlp_layer_types")) {
     const json& mt = j["mlp_layer_types"];
     if (!mt.is_array() || int64_t(mt.size()) != c.num_layers)
       fail("{}: mlp_layer_types must list {} layers", src, c.num_layers);
     for (const json& t : mt) {
-      std::string s = t.is_string() ? t.get<std::string>() : t.dump();
+      std::string s = t.is_string() ? truncate_text(t.get<std::string>(), 60) : describe_json(t);
       if (s == "hash_moe") c.moe_kinds.push_back(MoeKind::HASH);
       else if (s == "moe") c.moe_kinds.push_back(MoeKind::SCORE);
       else fail("{}: unknown MLP layer type '{}' in mlp_layer_types", src, s);
@@ -237,21 +270,12 @@ Config config_from_json(const json& j, const std::string& src) {
 }
 
 Config config_parse(std::string_view text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", source, e.what());
-  }
-  return config_from_json(j, source);
+  return config_from_json(parse_json(text, source), source);
 }
 
 Config config_load(const std::string& dir) {
   std::filesystem::path p = std::filesystem::path(dir) / "config.json";
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("{}: cannot open config.json", p.string());
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return config_parse(text, p.string());
+  return config_parse(read_regular_file(p.string(), kMaxConfigBytes), p.string());
 }
 
 std::vector<float> rope_frequencies(const RopeConfig& r, int64_t rope_dim) {

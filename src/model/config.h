@@ -2,7 +2,10 @@
 // (spec §15.6): the release form (compress_ratios with its trailing MTP entry,
 // num_hash_layers, rope_scaling, compress_rope_theta) or the transformers form
 // (layer_types, mlp_layer_types, compress_rates, rope_parameters). Layer kinds
-// come only from the file, never from defaults. Everything is range-checked.
+// come only from the file, never from defaults. Everything is range-checked;
+// a wrong-typed value is named with its key and both types. In the release
+// form a compress ratio of 0 is a sliding-window-only layer, 4 is CSA and any
+// other positive ratio is HCA (the official code's rule).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -43,8 +46,12 @@ struct Config {
   bool norm_topk_prob = true;
   float swiglu_limit = 0.0f;     // 0 = no clamp
   int64_t sliding_window = 0;
+  // Compress ratios by kind. A release config may give HCA layers different
+  // ratios: hca_ratio is then the first HCA layer's, and only layer_ratios /
+  // ratio(L) are right for every layer.
   int64_t csa_ratio = 4, hca_ratio = 128;
   std::vector<AttnKind> attn_kinds;  // per layer
+  std::vector<int64_t> layer_ratios; // per layer: 0 (sliding) or the compress ratio; filled by config_from_json
   std::vector<MoeKind> moe_kinds;    // per layer
   int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
   int64_t hc_mult = 0, hc_sinkhorn_iters = 0;
@@ -59,7 +66,10 @@ struct Config {
   std::string spelling;            // "release" or "transformers" (config form)
   nlohmann::json quantization;     // quantization_config, or null
 
+  // The compress ratio of a layer (0 for sliding-window-only layers). Configs
+  // built by hand without layer_ratios fall back to the per-kind ratios.
   int64_t ratio(int64_t layer) const {
+    if (!layer_ratios.empty()) return layer_ratios[size_t(layer)];
     AttnKind k = attn_kinds[size_t(layer)];
     return k == AttnKind::CSA ? csa_ratio : k == AttnKind::HCA ? hca_ratio : 0;
   }

@@ -123,6 +123,32 @@ struct Loader {
     return v;
   }
 
+  // The first stored tensor whose name starts with `prefix`, or nullptr.
+  const std::string* first_with_prefix(const std::string& prefix) const {
+    auto it = store.all().lower_bound(prefix);
+    if (it == store.all().end() || it->first.compare(0, prefix.size(), prefix) != 0) return nullptr;
+    return &it->first;
+  }
+
+  // The config's layer kind against the checkpoint: compressor tensors exactly
+  // on compressed (CSA/HCA) layers, indexer tensors exactly on CSA layers.
+  void check_layer_kind(int64_t L, AttnKind kind, int64_t ratio) const {
+    const std::string p = "layers." + std::to_string(L) + ".attn.";
+    const std::string* comp = first_with_prefix(key(p + "compressor."));
+    const std::string* ix = first_with_prefix(key(p + "indexer."));
+    const std::string what = fmt::format("layer {}: compress_ratio {} in the config makes it {}", L, ratio,
+                                         kind == AttnKind::SLIDING ? "sliding-window only"
+                                         : kind == AttnKind::CSA   ? "CSA (compressor + indexer)"
+                                                                   : "HCA (compressor, no indexer)");
+    if (kind == AttnKind::SLIDING && comp)
+      fail("{}, but the checkpoint has compressor tensors ('{}')", what, *comp);
+    if (kind != AttnKind::SLIDING && !comp)
+      fail("{}, but the checkpoint has no '{}*' tensors", what, key(p + "compressor."));
+    if (kind != AttnKind::CSA && ix)
+      fail("{}, but the checkpoint has indexer tensors ('{}'), which only CSA layers (ratio 4) have", what, *ix);
+    if (kind == AttnKind::CSA && !ix) fail("{}, but the checkpoint has no '{}*' tensors", what, key(p + "indexer."));
+  }
+
   LayerWeights layer(int64_t L) const {
     const Config& c = cfg;
     const int64_t D = c.hidden_size, hd = c.head_dim, H = c.num_heads, hc = c.hc_mult;
@@ -140,17 +166,23 @@ struct Loader {
     w.wo_a = linear(p + ".attn.wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups);
     w.wo_b = linear(p + ".attn.wo_b", D, c.o_groups * c.o_lora_rank);
     w.sinks = floats(p + ".attn.attn_sink", {H});
-    AttnKind kind = c.attn_kinds[size_t(L)];
-    if (kind != AttnKind::SLIDING) {
-      const int64_t m = c.ratio(L), cc = kind == AttnKind::CSA ? 2 : 1;
-      w.compressor = std::make_unique<CompressorWeights>(compressor(p + ".attn.compressor", m, cc, hd));
-    }
-    if (kind == AttnKind::CSA) {
-      auto ix = std::make_unique<IndexerWeights>();
-      ix->wq_b = linear(p + ".attn.indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
-      ix->weights_proj = linear(p + ".attn.indexer.weights_proj", c.index_n_heads, D);
-      ix->comp = compressor(p + ".attn.indexer.compressor", c.csa_ratio, 2, c.index_head_dim);
-      w.indexer = std::move(ix);
+    const AttnKind kind = c.attn_kinds[size_t(L)];
+    const int64_t m = c.ratio(L);
+    check_layer_kind(L, kind, m);
+    try {
+      if (kind != AttnKind::SLIDING) {
+        const int64_t cc = kind == AttnKind::CSA ? 2 : 1;
+        w.compressor = std::make_unique<CompressorWeights>(compressor(p + ".attn.compressor", m, cc, hd));
+      }
+      if (kind == AttnKind::CSA) {
+        auto ix = std::make_unique<IndexerWeights>();
+        ix->wq_b = linear(p + ".attn.indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
+        ix->weights_proj = linear(p + ".attn.indexer.weights_proj", c.index_n_heads, D);
+        ix->comp = compressor(p + ".attn.indexer.compressor", m, 2, c.index_head_dim);
+        w.indexer = std::move(ix);
+      }
+    } catch (const Error& e) {
+      fail("layer {} ({}, compress ratio {} in the config): {}", L, attn_kind_name(kind), m, e.what());
     }
     w.gate = linear(p + ".ffn.gate", c.n_routed_experts, D);
     if (c.moe_kinds[size_t(L)] == MoeKind::HASH) w.tid2eid = tid2eid(p + ".ffn.gate.tid2eid");

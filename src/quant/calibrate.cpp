@@ -5,12 +5,12 @@
 #include <cmath>
 #include <cerrno>
 #include <climits>
-#include <fstream>
 #include <iterator>
 #include <mutex>
 #include <sstream>
 
 #include "common/error.h"
+#include "io/input_file.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -96,9 +96,7 @@ bool parse_id_lines(const std::string& text, std::vector<std::vector<int32_t>>* 
 
 std::vector<std::vector<int32_t>> read_calibration(const std::string& path, const std::string& model_dir,
                                                    CalibFormat format) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("--calib: cannot read '{}'", path);
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string text = read_regular_file(path, kMaxTextBytes, "--calib");
   std::vector<std::vector<int32_t>> seqs;
   std::string bad;
   int64_t bad_line = 0;
@@ -108,7 +106,7 @@ std::vector<std::vector<int32_t>> read_calibration(const std::string& path, cons
   }
   if (format == CalibFormat::IDS)
     fail("--calib '{}' line {}: '{}' is not a token id (the file holds token ids, one sequence per line)", path,
-         bad_line, bad);
+         bad_line, truncate_text(bad, 40));
   // Text: the model's own tokenizer.
   std::vector<int32_t> ids;
   try {

@@ -71,6 +71,28 @@ void scan_e8m0(const TensorView* t, std::vector<std::string>& out) {
     if (t->data[i] == 0xff && nan++ == 0) first = int64_t(i);
   if (nan) out.push_back(fmt::format("tensor '{}' holds {} E8M0 NaN code(s) 0xFF (first at element {})", t->name, nan, first));
 }
+// Float-format weights (F32/BF16/F16): every value must be finite (a NaN or
+// Inf weight would reach the logits silently).
+void scan_float_finite(const TensorView* t, std::vector<std::string>& out) {
+  const int64_t n = t->numel();
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    bool finite;
+    if (t->dtype == DType::F32) {
+      uint32_t u;
+      std::memcpy(&u, t->data + 4 * i, 4);
+      finite = (u & 0x7f800000u) != 0x7f800000u;
+    } else {
+      const uint16_t u = uint16_t(t->data[2 * i] | (t->data[2 * i + 1] << 8));
+      finite = t->dtype == DType::BF16 ? (u & 0x7f80u) != 0x7f80u : (u & 0x7c00u) != 0x7c00u;
+    }
+    if (!finite && bad++ == 0) first = i;
+  }
+  if (bad)
+    out.push_back(fmt::format("tensor '{}' holds {} non-finite value(s) (NaN or Inf; first at element {})", t->name,
+                              bad, first));
+}
+
 void scan_f32_positive(const TensorView* t, std::vector<std::string>& out) {
   int64_t bad = 0, first = -1;
   const int64_t n = t->numel();
@@ -173,6 +195,7 @@ std::vector<std::string> linear_problems(const TensorStore& store, const std::st
 
   if (is_float(w->dtype)) {
     check_shape(w, {n, k}, out);
+    if (scan_values) scan_float_finite(w, out);
     for (const TensorView* s : {s_mx, s_inv, s_nv, s2})
       if (s) out.push_back(fmt::format("tensor '{}' is a scale but '{}' is {} (not quantized)", s->name, wname, dtype_name(w->dtype)));
     return out;

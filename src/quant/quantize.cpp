@@ -3,17 +3,19 @@
 
 #include <fmt/format.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 
 #include "common/error.h"
+#include "io/input_file.h"
+#include "io/output_file.h"
 #include "io/safetensors.h"
 #include "quant/codec.h"
 #include "quant/load_linear.h"
@@ -184,8 +186,28 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& opt, const std::map<s
   std::error_code ec;
   if (fs::exists(opt.out_dir) && fs::equivalent(opt.in_dir, opt.out_dir, ec))
     fail("--out '{}' is the input directory", opt.out_dir);
+  if (fs::exists(opt.out_dir) && !fs::is_directory(opt.out_dir))
+    fail("--out '{}' exists and is not a directory", opt.out_dir);
   if (fs::exists(opt.out_dir) && !fs::is_empty(opt.out_dir))
     fail("--out '{}' exists and is not empty; refusing to overwrite", opt.out_dir);
+  // Everything is written into a staging directory next to --out and renamed
+  // to --out only when complete and validated; a failure removes it.
+  fs::path out = fs::absolute(opt.out_dir).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();
+  if (!fs::is_directory(out.parent_path()))
+    fail("--out '{}': directory '{}' does not exist", opt.out_dir, out.parent_path().string());
+  const fs::path stage = out.parent_path() / ("." + out.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  struct Cleanup {
+    fs::path p;
+    bool keep = false;
+    ~Cleanup() {
+      std::error_code e;
+      if (!keep) fs::remove_all(p, e);
+    }
+  } cleanup{stage};
+  fs::remove_all(stage, ec);
+  if (!fs::create_directory(stage, ec) || ec)
+    fail("--out '{}': cannot create the staging directory '{}': {}", opt.out_dir, stage.string(), ec.message());
   TensorStore store = TensorStore::open_dir(opt.in_dir);
   {
     LinearLoadOptions lo;
@@ -197,16 +219,8 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& opt, const std::map<s
       throw Error(msg);
     }
   }
-  nlohmann::json cfg;
-  {
-    std::ifstream f(fs::path(opt.in_dir) / "config.json");
-    if (!f) fail("cannot read '{}/config.json'", opt.in_dir);
-    try {
-      cfg = nlohmann::json::parse(f);
-    } catch (const std::exception& e) {
-      fail("'{}/config.json' is not valid JSON: {}", opt.in_dir, e.what());
-    }
-  }
+  nlohmann::json cfg = read_json_file((fs::path(opt.in_dir) / "config.json").string());
+  if (!cfg.is_object()) fail("{}/config.json: not a JSON object", opt.in_dir);
 
   // Plan: what each source tensor becomes.
   std::vector<Item> items;
@@ -248,7 +262,6 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& opt, const std::map<s
     shards.back().push_back(&it);
     cur += it.out_bytes;
   }
-  fs::create_directories(opt.out_dir);
   nlohmann::json weight_map = nlohmann::json::object();
   const size_t S = shards.size();
   int64_t done = 0, total_q = 0;
@@ -273,17 +286,17 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& opt, const std::map<s
       weight_map[t.name] = file;
       sum.bytes_out += t.bytes.size();
     }
-    write_safetensors((fs::path(opt.out_dir) / file).string(), ts, {{"format", "pt"}});
+    write_safetensors((stage / file).string(), ts, {{"format", "pt"}});
     std::fprintf(log, "quantize: wrote %s (%zu tensors)\n", file.c_str(), ts.size());
   }
   sum.shards = int64_t(S);
   {
     nlohmann::json idx = {{"metadata", {{"total_size", sum.bytes_out}}}, {"weight_map", weight_map}};
-    std::ofstream(fs::path(opt.out_dir) / "model.safetensors.index.json") << idx.dump(1) << "\n";
+    write_output_file((stage / "model.safetensors.index.json").string(), idx.dump(1) + "\n");
   }
 
   // config.json with the ModelOpt quantization_config; tokenizer and other files copied.
-  TensorStore out_store = TensorStore::open_dir(opt.out_dir);
+  TensorStore out_store = TensorStore::open_dir(stage.string());
   sum.ignore = ignore_list(out_store);
   nlohmann::json q = {{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}, {"group_size", 16},
                       {"ignore", sum.ignore}, {"producer", {{"name", "clawmine"}}}};
@@ -301,13 +314,15 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& opt, const std::map<s
     q["activation_scheme"] = "dynamic";
   }
   cfg["quantization_config"] = q;
-  std::ofstream(fs::path(opt.out_dir) / "config.json") << cfg.dump(2) << "\n";
+  write_output_file((stage / "config.json").string(), cfg.dump(2) + "\n");
   for (const auto& e : fs::directory_iterator(opt.in_dir)) {
     const std::string fn = e.path().filename().string();
     if (!e.is_regular_file() || ends_with(fn, ".safetensors") || fn == "model.safetensors.index.json" ||
         fn == "config.json" || fn == "hf_quant_config.json")
       continue;
-    fs::copy_file(e.path(), fs::path(opt.out_dir) / fn, fs::copy_options::overwrite_existing);
+    // The staging directory is new and private: a plain checked copy is safe here.
+    fs::copy_file(e.path(), stage / fn, ec);
+    if (ec) fail("quantize: cannot copy '{}' into the output: {}", e.path().string(), ec.message());
   }
 
   // Self-check: the result must pass the same validation as loading.
@@ -319,6 +334,9 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& opt, const std::map<s
     for (const std::string& l : p) msg += "\n  " + l;
     throw Error(msg);
   }
+  fs::rename(stage, out, ec);  // replaces an empty --out directory
+  if (ec) fail("--out '{}': cannot move the finished checkpoint into place: {}", opt.out_dir, ec.message());
+  cleanup.keep = true;
   return sum;
 }
 

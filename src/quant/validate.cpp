@@ -19,14 +19,17 @@ bool ends_with(const std::string& s, const std::string& suf) {
 const char* const kScaleSuffixes[] = {".weight_scale_inv", ".weight_scale_2", ".weight_scale", ".input_scale", ".scale"};
 
 bool quantized_dtype(DType t) { return t == DType::F8_E4M3 || t == DType::U8 || t == DType::I8; }
+bool float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
-// Linear prefixes of the checkpoint worth checking: quantized weights, and
-// any weight that has a scale sibling (a float weight with scales is a problem).
+// Linear prefixes of the checkpoint worth checking: quantized weights, 2-D
+// float weights (scanned for NaN/Inf), and any weight that has a scale
+// sibling (a float weight with scales is a problem).
 std::set<std::string> linear_prefixes(const TensorStore& store, std::vector<std::string>& orphans) {
   std::set<std::string> out;
   for (const auto& [name, t] : store.all()) {
     if (ends_with(name, ".weight")) {
-      if (quantized_dtype(t->dtype)) out.insert(name.substr(0, name.size() - 7));
+      if (quantized_dtype(t->dtype) || (float_dtype(t->dtype) && t->shape.size() == 2))
+        out.insert(name.substr(0, name.size() - 7));
       continue;
     }
     for (const char* suf : kScaleSuffixes) {

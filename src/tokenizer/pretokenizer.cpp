@@ -10,6 +10,7 @@
 #include <cctype>
 
 #include "common/error.h"
+#include "io/input_file.h"
 #include "tokenizer/utf8.h"
 
 namespace cm::tok {
@@ -244,7 +245,7 @@ void PreTokenizer::add_from_json(const nlohmann::json& j, bool last) {
     for (size_t i = 0; i < list.size(); ++i) add_from_json(list[i], last && i + 1 == list.size());
   } else {
     fail("tokenizer.json: pre_tokenizer type '{}' is not supported (Split, ByteLevel, Sequence are)",
-         type);
+         truncate_text(type, 60));
   }
 }
 

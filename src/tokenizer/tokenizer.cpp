@@ -4,12 +4,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <climits>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <unordered_map>
 
 #include "common/error.h"
+#include "io/input_file.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/utf8.h"
@@ -91,20 +91,30 @@ struct Segment {
   int32_t id;  // added-token id, or -1 for text
 };
 
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  CM_CHECK(f.good(), "cannot read {}", p.string());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // "bos_token": "<s>" or {"content": "<s>", ...}
 std::optional<std::string> token_string(const json& cfg, const char* key) {
   if (!cfg.contains(key) || cfg[key].is_null()) return std::nullopt;
   if (cfg[key].is_string()) return cfg[key].get<std::string>();
-  if (cfg[key].is_object() && cfg[key].contains("content")) return cfg[key]["content"].get<std::string>();
-  fail("tokenizer_config.json: {} must be a string or an object with \"content\"", key);
+  if (cfg[key].is_object() && cfg[key].contains("content") && cfg[key]["content"].is_string())
+    return cfg[key]["content"].get<std::string>();
+  fail("tokenizer_config.json: key '{}': expected a string or an object with a string \"content\", got {}", key,
+       json_type_name(cfg[key]));
+}
+
+bool config_flag(const json& cfg, const char* key, bool def) {
+  if (!cfg.contains(key) || cfg[key].is_null()) return def;
+  if (!cfg[key].is_boolean())
+    fail("tokenizer_config.json: key '{}': expected a boolean, got {}", key, json_type_name(cfg[key]));
+  return cfg[key].get<bool>();
+}
+
+// A token id from tokenizer.json: an integer in [0, INT32_MAX].
+int32_t token_id_value(const json& v, const std::string& what) {
+  if (!v.is_number_integer()) fail("tokenizer.json: {}: expected an integer token id, got {}", what, describe_json(v));
+  int64_t id = 0;
+  if (!json_int_in(v, 0, INT32_MAX, &id))
+    fail("tokenizer.json: {}: token id {} is outside [0, {}]", what, v.dump(), INT32_MAX);
+  return int32_t(id);
 }
 }  // namespace
 
@@ -224,10 +234,13 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   namespace fs = std::filesystem;
   fs::path d(dir);
   CM_CHECK(fs::is_directory(d), "tokenizer: {} is not a directory", dir);
-  CM_CHECK(fs::exists(d / "tokenizer.json"), "tokenizer: no tokenizer.json in {}", dir);
-  std::string cfg = fs::exists(d / "tokenizer_config.json") ? read_file(d / "tokenizer_config.json") : "";
+  std::error_code ec;
+  CM_CHECK(fs::exists(fs::symlink_status(d / "tokenizer.json", ec)), "tokenizer: no tokenizer.json in {}", dir);
   try {
-    return from_json(read_file(d / "tokenizer.json"), cfg);
+    const bool has_cfg = fs::exists(fs::symlink_status(d / "tokenizer_config.json", ec));
+    std::string cfg = has_cfg ? read_regular_file((d / "tokenizer_config.json").string(), kMaxConfigBytes) : "";
+    if (has_cfg && cfg.empty()) fail("tokenizer_config.json: the file is empty");
+    return from_json(read_regular_file((d / "tokenizer.json").string(), kMaxTokenizerBytes), cfg);
   } catch (const Error& e) {
     fail("{} (in {})", e.what(), dir);
   }
@@ -235,14 +248,10 @@ Tokenizer Tokenizer::load(const std::string& dir) {
 
 Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::string& config_json) {
   auto impl = std::make_unique<Impl>();
-  json j, cfg = json::object();
-  try {
-    j = json::parse(tokenizer_json);
-    if (!config_json.empty()) cfg = json::parse(config_json);
-  } catch (const json::exception& e) {
-    fail("tokenizer: invalid JSON: {}", e.what());
-  }
+  json j = parse_json(tokenizer_json, "tokenizer.json");
+  json cfg = config_json.empty() ? json::object() : parse_json(config_json, "tokenizer_config.json");
   CM_CHECK(j.is_object(), "tokenizer.json: top level must be an object");
+  CM_CHECK(cfg.is_object(), "tokenizer_config.json: top level must be an object");
   try {
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
       const json& n = j["normalizer"];
@@ -274,9 +283,11 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
     if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
       for (const json& a : j["added_tokens"]) {
         AddedToken t;
-        t.id = a.at("id").get<int32_t>();
-        t.content = a.at("content").get<std::string>();
-        CM_CHECK(t.id >= 0 && !t.content.empty(), "tokenizer.json: bad added token '{}'", t.content);
+        CM_CHECK(a.is_object() && a.contains("id") && a.contains("content") && a["content"].is_string(),
+                 "tokenizer.json: added_tokens entries need an integer id and a string content");
+        t.content = a["content"].get<std::string>();
+        t.id = token_id_value(a["id"], fmt::format("added token '{}'", truncate_text(t.content, 60)));
+        CM_CHECK(!t.content.empty(), "tokenizer.json: added token {} has empty content", t.id);
         t.special = a.value("special", false);
         t.lstrip = a.value("lstrip", false);
         t.rstrip = a.value("rstrip", false);
@@ -325,8 +336,13 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
         } else if (piece.contains("SpecialToken")) {
           std::string name = piece["SpecialToken"].at("id").get<std::string>();
           const json& ids = pp.at("special_tokens").at(name).at("ids");
-          CM_CHECK(ids.size() == 1, "tokenizer.json: post_processor token '{}' must have one id", name);
-          (seen_seq ? pp_eos : pp_bos) = ids[0].get<int32_t>();
+          name = truncate_text(name, 60);
+          CM_CHECK(ids.is_array() && ids.size() == 1, "tokenizer.json: post_processor token '{}' must have one id",
+                   name);
+          const int32_t id = token_id_value(ids[0], fmt::format("post_processor token '{}'", name));
+          CM_CHECK(size_t(id) < m.assigned.size() && m.assigned[size_t(id)],
+                   "tokenizer.json: post_processor token '{}' has id {}, which is not in the vocabulary", name, id);
+          (seen_seq ? pp_eos : pp_bos) = id;
         }
       }
     }
@@ -334,20 +350,21 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
       auto s = token_string(cfg, key);
       if (!s) return -1;
       auto id = tk.token_id(*s);
-      CM_CHECK(id.has_value(), "tokenizer_config.json: {} '{}' is not a token of tokenizer.json", key, *s);
+      CM_CHECK(id.has_value(), "tokenizer_config.json: {} '{}' is not a token of tokenizer.json", key,
+               truncate_text(*s, 60));
       return *id;
     };
     m.bos = resolve("bos_token");
     m.eos = resolve("eos_token");
     if (m.bos < 0) m.bos = pp_bos;
     if (m.eos < 0) m.eos = pp_eos;
-    m.add_bos = cfg.contains("add_bos_token") ? cfg["add_bos_token"].get<bool>() : pp_bos >= 0;
-    m.add_eos = cfg.contains("add_eos_token") ? cfg["add_eos_token"].get<bool>() : pp_eos >= 0;
+    m.add_bos = config_flag(cfg, "add_bos_token", pp_bos >= 0);
+    m.add_eos = config_flag(cfg, "add_eos_token", pp_eos >= 0);
     CM_CHECK(!m.add_bos || m.bos >= 0, "tokenizer_config.json: add_bos_token is set but no bos_token");
     CM_CHECK(!m.add_eos || m.eos >= 0, "tokenizer_config.json: add_eos_token is set but no eos_token");
     return tk;
   } catch (const json::exception& e) {
-    fail("tokenizer.json: {}", e.what());
+    fail("tokenizer.json: {}", truncate_text(e.what(), 200));
   }
 }
 
