@@ -76,7 +76,7 @@ TEST(Cli, LayerStatsPrintsEveryLayerAndStream) {
   const std::string out = (scratch("stats") / "l.safetensors").string();
   Result r = run("logits -m " + kModel + " --tokens 5,17,42 --layer-stats -o " + out);
   ASSERT_EQ(r.code, 0) << r.err;
-  for (const char* s : {"l0.attn_out", "l0.moe_out", "l0.resid[0]", "l3.resid[3]", "logits", "nan 0 inf 0"})
+  for (const char* s : {"l0.s0.attn_out", "l0.s0.moe_out", "l0.s0.resid[0]", "l3.s0.resid[3]", "logits", "nan 0 inf 0"})
     EXPECT_NE(r.err.find(s), std::string::npos) << s << "\n" << r.err;
 }
 

@@ -1,8 +1,8 @@
 // End-to-end golden tests: our CPU logits against transformers' fp32 logits
 // for the fixtures made by tools/make_golden.py (random small DeepSeek-V4
 // checkpoints covering window-only, CSA and HCA layers, hash routing, YaRN,
-// both key and config spellings, BF16 weights and shards). Each fixture runs
-// as one prefill and in chunks of 1 and 7 tokens. Bound: max |Δ| ≤ 1e-3 (the
+// both key and config spellings, BF16 weights and shards), through the CPU
+// backend's step(). Each fixture runs as one prefill and in chunks of 1 and 7. Bound: max |Δ| ≤ 1e-3 (the
 // issue's bound; measured ≈ 4e-6, fp32 summation-order noise).
 #include <gtest/gtest.h>
 
@@ -11,48 +11,20 @@
 
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "step_util.h"
 
 using namespace cm;
 
 namespace {
 
-struct Golden {
-  std::vector<int32_t> tokens;
-  std::vector<float> logits;  // [T, V]
-};
-
-Golden read_golden(const std::string& dir) {
-  SafetensorsFile f(dir + "/expected.safetensors");
-  Golden g;
-  const TensorView* t = f.find("tokens");
-  const TensorView* l = f.find("logits");
-  EXPECT_TRUE(t && l);
-  for (int64_t i = 0; i < t->numel(); ++i) {
-    int64_t v;
-    std::memcpy(&v, t->data + 8 * i, 8);
-    g.tokens.push_back(int32_t(v));
-  }
-  g.logits.assign(reinterpret_cast<const float*>(l->data), reinterpret_cast<const float*>(l->data) + l->numel());
-  return g;
-}
-
-double run_chunks(const Model& m, const Golden& g, int64_t chunk) {
-  State st = state_new(m.config);
-  ForwardOptions fo;
-  fo.all_logits = true;
-  const int64_t T = int64_t(g.tokens.size()), V = m.config.vocab_size;
-  if (chunk <= 0) chunk = T;
+double run_chunks(const Model& m, const test::Expected& g, int64_t chunk) {
+  std::vector<float> l = test::cpu_logits(m, g.tokens, chunk);
+  EXPECT_EQ(l.size(), g.logits.size());
   double worst = 0;
-  for (int64_t i = 0; i < T; i += chunk) {
-    int64_t n = std::min(chunk, T - i);
-    std::vector<float> l = forward(m, st, g.tokens.data() + i, n, fo);
-    EXPECT_EQ(int64_t(l.size()), n * V);
-    for (int64_t j = 0; j < n * V; ++j) {
-      double d = std::fabs(double(l[size_t(j)]) - g.logits[size_t(i * V + j)]);
-      if (!(d <= worst)) worst = d;  // NaN propagates as worst = NaN
-    }
+  for (size_t j = 0; j < std::min(l.size(), g.logits.size()); ++j) {
+    double d = std::fabs(double(l[j]) - g.logits[j]);
+    if (!(d <= worst)) worst = d;  // NaN propagates as worst = NaN
   }
-  EXPECT_EQ(st.pos, T);
   return worst;
 }
 
@@ -61,7 +33,7 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(GoldenTest, MatchesTransformers) {
   const std::string dir = std::string(CLAWMINE_TEST_DATA) + "/golden/" + GetParam();
   auto m = model_load(dir);
-  Golden g = read_golden(dir);
+  test::Expected g = test::read_expected(dir);
   ASSERT_EQ(int64_t(g.logits.size()), int64_t(g.tokens.size()) * m->config.vocab_size);
   for (int64_t chunk : {int64_t(0), int64_t(1), int64_t(7)}) {
     double d = run_chunks(*m, g, chunk);
@@ -79,28 +51,33 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
 TEST(GoldenState, ResetAndIrregularChunks) {
   const std::string dir = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_mixed_yarn";
   auto m = model_load(dir);
-  Golden g = read_golden(dir);
+  test::Expected g = test::read_expected(dir);
   const int64_t T = int64_t(g.tokens.size()), V = m->config.vocab_size;
-  State st = state_new(m->config);
+  auto be = test::reserved_backend(*m, Device::CPU, 1, 13, T);
   // A different sequence first, so stale state would show.
-  std::vector<int32_t> other(23, 5);
-  forward(*m, st, other.data(), int64_t(other.size()));
-  state_reset(st);
-  ForwardOptions fo;
-  fo.all_logits = true;
+  std::vector<int32_t> other(13, 5);
+  test::feed_chunks(*be, 0, other.data(), int64_t(other.size()), 0, V);
+  be->reset_slot(0);
   const int64_t sizes[] = {3, 1, 9, 4, 2, 13};
   int64_t i = 0, k = 0;
   double worst = 0;
   while (i < T) {
     int64_t n = std::min(sizes[k++ % 6], T - i);
-    std::vector<float> l = forward(*m, st, g.tokens.data() + i, n, fo);
+    std::vector<float> l = test::feed_chunks(*be, 0, g.tokens.data() + i, n, 0, V);
     for (int64_t j = 0; j < n * V; ++j) worst = std::max(worst, double(std::fabs(l[size_t(j)] - g.logits[size_t(i * V + j)])));
     i += n;
   }
   EXPECT_LE(worst, 1e-3);
-  State st2 = state_new(m->config);
-  std::vector<float> last = forward(*m, st2, g.tokens.data(), T);
-  ASSERT_EQ(int64_t(last.size()), V);
+  EXPECT_EQ(be->slot_pos(0), T);
+  // Only the last row's logits asked for.
+  be->reset_slot(0);
+  std::vector<int32_t> pos(static_cast<size_t>(T)), slot(static_cast<size_t>(T), 0);
+  std::vector<uint8_t> want(static_cast<size_t>(T), 0);
+  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
+  want[size_t(T - 1)] = 1;
+  auto be2 = test::reserved_backend(*m, Device::CPU, 1, int32_t(T), T);
+  std::vector<float> last(static_cast<size_t>(V));
+  be2->step(Batch{int32_t(T), g.tokens.data(), pos.data(), slot.data(), want.data()}, last.data());
   for (int64_t j = 0; j < V; ++j) EXPECT_NEAR(last[size_t(j)], g.logits[size_t((T - 1) * V + j)], 1e-3);
 }
 

@@ -13,7 +13,9 @@
 #include "common/error.h"
 #include "test_util.h"
 #include "io/safetensors.h"
+#include "model/cpu_backend.h"
 #include "model/model.h"
+#include "step_util.h"
 
 namespace fs = std::filesystem;
 using namespace cm;
@@ -64,9 +66,9 @@ TEST(Routing, HashAndScoreRouting) {
   // score routing: the bias changes the choice but not the weights
   lw.gate_bias = {0, 0, 10, 0, 0, 0};
   int32_t toks[2] = {0, 1};
-  std::vector<int32_t> idx;
-  std::vector<float> w;
-  moe_route(c, lw, toks, logits, 2, &idx, &w);
+  std::vector<int32_t> idx(4);
+  std::vector<float> w(4);
+  moe_route(c, lw, toks, logits, 2, idx.data(), w.data());
   EXPECT_EQ(idx[0], 2);  // biased to the top
   EXPECT_EQ(idx[1], 4);
   float s2 = sps(-1.0f), s4 = sps(3.0f);
@@ -78,7 +80,7 @@ TEST(Routing, HashAndScoreRouting) {
   // hash routing: the table decides, weights still from the scores
   lw.gate_bias.clear();
   lw.tid2eid = {5, 1, 3, 0};
-  moe_route(c, lw, toks, logits, 2, &idx, &w);
+  moe_route(c, lw, toks, logits, 2, idx.data(), w.data());
   EXPECT_EQ(idx, (std::vector<int32_t>{5, 1, 3, 0}));
   float a = sps(0.0f), b = sps(2.0f);
   EXPECT_NEAR(w[0], a / (a + b) * 1.5f, 1e-6);
@@ -192,18 +194,22 @@ TEST(BadCheckpoint, MixedSpellingRejected) {
 
 TEST(BadInput, TokensOutOfRangeAndTooLong) {
   auto m = model_load(kFixture);
-  State st = state_new(m->config);
+  auto be = test::reserved_backend(*m, Device::CPU, 1, 4, 16);
   int32_t bad[2] = {3, 128};
-  EXPECT_NE(error_of([&] { forward(*m, st, bad, 2); }).find("token id 128 is outside the vocabulary"),
+  EXPECT_NE(error_of([&] { test::feed_chunks(*be, 0, bad, 2, 0, m->config.vocab_size); })
+                .find("token id 128 is outside the vocabulary"),
             std::string::npos);
-  EXPECT_EQ(st.pos, 0);  // nothing consumed
+  EXPECT_EQ(be->slot_pos(0), 0);  // nothing consumed
   json j = fixture_config();
   j["max_position_embeddings"] = 8;
   std::string d = mutated_checkpoint("short", [](std::vector<TensorData>&) {}, &j);
   auto m2 = model_load(d);
-  State s2 = state_new(m2->config);
+  EXPECT_NE(error_of([&] { test::reserved_backend(*m2, Device::CPU, 1, 9, 9); }).find("outside [1, 8]"),
+            std::string::npos);
+  auto be2 = test::reserved_backend(*m2, Device::CPU, 1, 9, 8);
   std::vector<int32_t> toks(9, 4);
-  EXPECT_NE(error_of([&] { forward(*m2, s2, toks.data(), 9); }).find("exceeds the model's context of 8"),
+  EXPECT_NE(error_of([&] { test::feed_chunks(*be2, 0, toks.data(), 9, 0, m2->config.vocab_size); })
+                .find("past the reserved context of 8"),
             std::string::npos);
 }
 
@@ -306,10 +312,9 @@ TEST(BadCheckpoint, OtherHcaRatioRuns) {
   auto m = model_load(d);
   EXPECT_EQ(m->config.ratio(2), 64);
   EXPECT_EQ(m->config.attn_kinds[2], AttnKind::HCA);
-  State st = state_new(m->config);
   std::vector<int32_t> toks(130);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t((i * 37 + 5) % 128);
-  std::vector<float> logits = forward(*m, st, toks.data(), int64_t(toks.size()));
+  std::vector<float> logits = test::cpu_logits(*m, toks, 0);
   ASSERT_FALSE(logits.empty());
   for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }
@@ -344,4 +349,26 @@ TEST(BadCheckpoint, NonFiniteLinearWeightIsNamed) {
   e = error_of([&] { model_load(d); });
   EXPECT_NE(e.find("'embed.weight' holds 1 non-finite"), std::string::npos) << e;
   EXPECT_NE(e.find("'layers.0.ffn.experts.1.w2.weight' holds 1 non-finite"), std::string::npos) << e;
+}
+
+// A weight that overflows fp32 mid-model: the step fails naming the first
+// intermediate that went non-finite (layer and slot), not just "NaN logits".
+TEST(BadInput, NonFiniteStepNamesFirstIntermediate) {
+  json j = fixture_config();
+  std::string d = mutated_checkpoint("overflow", [](std::vector<TensorData>& ts) {
+    for (auto& t : ts)
+      if (t.name == "model.layers.1.attn.q_norm.weight") {
+        ASSERT_EQ(t.dtype, DType::F32);
+        for (size_t i = 0; i + 4 <= t.bytes.size(); i += 4) {
+          const float big = 3e38f;
+          std::memcpy(t.bytes.data() + i, &big, 4);
+        }
+      }
+  }, &j);
+  auto m = model_load(d);
+  auto be = test::reserved_backend(*m, Device::CPU, 1, 8, 16);
+  std::vector<int32_t> toks = {3, 5, 7, 9};
+  const std::string msg = error_of([&] { test::feed_chunks(*be, 0, toks.data(), 4, 0, m->config.vocab_size); });
+  EXPECT_NE(msg.find("non-finite logits"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("l1.s0.q"), std::string::npos) << msg;
 }

@@ -3,8 +3,6 @@
 // and chunked), quantize -> load -> logits, calibration, inspect, and the
 // RAM an NVFP4 model holds against its F32 source.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,8 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "model/model.h"
-#include "quant/calibrate.h"
-#include "quant/inspect.h"
+#include "step_util.h"
+#include "runtime/calibrate.h"
+#include "model/inspect.h"
 #include "quant/quantize.h"
 #include "quant/validate.h"
 #include "quant_test_util.h"
@@ -27,39 +26,14 @@ namespace {
 
 const std::string kData = CLAWMINE_TEST_DATA;
 
-struct Expected {
-  std::vector<int32_t> tokens;
-  std::vector<float> logits;
-};
-Expected read_expected(const std::string& dir) {
-  SafetensorsFile f(dir + "/expected.safetensors");
-  const TensorView* t = f.find("tokens");
-  const TensorView* l = f.find("logits");
-  EXPECT_TRUE(t && l);
-  Expected e;
-  for (int64_t i = 0; i < t->numel(); ++i) {
-    int64_t v;
-    std::memcpy(&v, t->data + 8 * i, 8);
-    e.tokens.push_back(int32_t(v));
-  }
-  e.logits.resize(size_t(l->numel()));
-  std::memcpy(e.logits.data(), l->data, l->nbytes);
-  return e;
-}
+using test::Expected;
+using test::read_expected;
 
 std::vector<float> run_logits(const Model& m, const std::vector<int32_t>& toks, int64_t chunk,
                               ActQuant aq = ActQuant::NONE) {
-  State st = state_new(m.config);
-  ForwardOptions fo;
-  fo.all_logits = true;
-  fo.act_quant = aq;
-  std::vector<float> out;
-  for (size_t i = 0; i < toks.size(); i += size_t(chunk)) {
-    int64_t n = std::min<int64_t>(chunk, int64_t(toks.size() - i));
-    std::vector<float> l = forward(m, st, toks.data() + i, n, fo);
-    out.insert(out.end(), l.begin(), l.end());
-  }
-  return out;
+  BackendOptions bo;
+  bo.act_quant = aq;
+  return test::cpu_logits(m, toks, chunk, bo);
 }
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -245,18 +219,18 @@ TEST(QuantE2E, CalibratedInputScales) {
     }
   } rec;
   auto m = model_load(d + "/src");
+  BackendOptions bo;
+  bo.observer = &rec;
   for (const auto& s : seqs)
     for (size_t i = 0; i < s.size(); i += 16) {
-      State st = state_new(m->config);
-      ForwardOptions fo;
-      fo.observer = &rec;
-      forward(*m, st, s.data() + i, std::min<int64_t>(16, int64_t(s.size() - i)), fo);
+      std::vector<int32_t> piece(s.begin() + long(i), s.begin() + long(std::min(s.size(), i + 16)));
+      test::cpu_logits(*m, piece, 0, bo);
     }
   for (int L = 0; L < 4; ++L) {
     std::string p = "model.layers." + std::to_string(L);
-    EXPECT_EQ(amax.at(p + ".attn.wq_a"), rec.amax.at("l" + std::to_string(L) + ".attn_in")) << L;
-    EXPECT_EQ(amax.at(p + ".attn.wkv"), rec.amax.at("l" + std::to_string(L) + ".attn_in")) << L;
-    EXPECT_EQ(amax.at(p + ".ffn.shared_experts.w1"), rec.amax.at("l" + std::to_string(L) + ".moe_in")) << L;
+    EXPECT_EQ(amax.at(p + ".attn.wq_a"), rec.amax.at("l" + std::to_string(L) + ".s0.attn_in")) << L;
+    EXPECT_EQ(amax.at(p + ".attn.wkv"), rec.amax.at("l" + std::to_string(L) + ".s0.attn_in")) << L;
+    EXPECT_EQ(amax.at(p + ".ffn.shared_experts.w1"), rec.amax.at("l" + std::to_string(L) + ".s0.moe_in")) << L;
   }
   QuantizeOptions qo;
   qo.in_dir = d + "/src";
@@ -273,7 +247,7 @@ TEST(QuantE2E, CalibratedInputScales) {
   for (int L = 0; L < 4; ++L) {
     std::string p = "model.layers." + std::to_string(L);
     // Every token reaches some expert, so the w1/w3 group max is the amax of the MoE input.
-    float in = rec.amax.at("l" + std::to_string(L) + ".moe_in") / 2688.0f;
+    float in = rec.amax.at("l" + std::to_string(L) + ".s0.moe_in") / 2688.0f;
     float down = 0;
     for (int x = 0; x < 8; ++x) {
       auto it = amax.find(p + ".ffn.experts." + std::to_string(x) + ".w2");
@@ -286,7 +260,7 @@ TEST(QuantE2E, CalibratedInputScales) {
       EXPECT_EQ(scale(ex + ".w3"), in) << ex;
       EXPECT_EQ(scale(ex + ".w2"), down / 2688.0f) << ex;
     }
-    EXPECT_EQ(scale(p + ".attn.wq_a"), rec.amax.at("l" + std::to_string(L) + ".attn_in") / 2688.0f);
+    EXPECT_EQ(scale(p + ".attn.wq_a"), rec.amax.at("l" + std::to_string(L) + ".s0.attn_in") / 2688.0f);
   }
 }
 
@@ -418,31 +392,26 @@ TEST(QuantE2E, QuantizeCli) {
 
 // quantize writes into a staging directory and renames it to --out only when
 // complete: a write failing part-way (a file size limit stands in for a full
-// disk) leaves neither --out nor the staging directory. Runs in a child so the
-// limit cannot touch the test runner.
+// disk; SIGXFSZ ignored so the write returns an error) leaves neither --out nor
+// the staging directory. Runs the binary, since OpenMP cannot run in a fork.
 TEST(QuantE2E, FailureMidwayLeavesNothing) {
   const std::string d = tmpdir("qfail");
   write_dequantized(kData + "/golden_quant_nvfp4", d + "/src");
   // Copied last, after every shard, the index and config.json: over the limit.
-  std::ofstream(d + "/src/tokenizer.json") << std::string(200 * 1024, ' ') << "{}";
+  std::ofstream(d + "/src/tokenizer.json") << std::string(1 << 20, ' ') << "{}";
   QuantizeOptions qo;
   qo.in_dir = d + "/src";
   qo.out_dir = d + "/out";
-  qo.shard_bytes = 32 * 1024;
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::signal(SIGXFSZ, SIG_IGN);
-    struct rlimit rl {128 * 1024, 128 * 1024};
-    ::setrlimit(RLIMIT_FSIZE, &rl);
-    std::FILE* devnull = std::fopen("/dev/null", "w");
-    std::string e = error_of([&] { quantize_checkpoint(qo, {}, devnull); });
-    ::_exit(e.find("cannot copy") != std::string::npos ? 0 : e.find("write failed") != std::string::npos ? 2 : 1);
-  }
-  int st = 0;
-  ::waitpid(pid, &st, 0);
+  const std::string cmd = "sh -c \"trap '' XFSZ; ulimit -f 256; exec " + std::string(CLAWMINE_BINARY) +
+                          " quantize --in " + qo.in_dir + " --out " + qo.out_dir + " --shard-size-mb 0.03\" 2>" + d +
+                          "/err.txt";
+  const int st = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(st));
-  EXPECT_EQ(WEXITSTATUS(st), 0) << "quantize did not report the failed copy after the shards (2: a shard failed)";
+  EXPECT_EQ(WEXITSTATUS(st), 1);
+  std::ifstream ef(d + "/err.txt");
+  const std::string err((std::istreambuf_iterator<char>(ef)), std::istreambuf_iterator<char>());
+  EXPECT_NE(err.find("cannot copy"), std::string::npos) << err;
+  fs::remove(d + "/err.txt");
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(d)) left.push_back(e.path().filename().string());
   EXPECT_EQ(left, std::vector<std::string>{"src"});

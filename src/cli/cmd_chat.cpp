@@ -51,7 +51,8 @@ int run(Opts& o) {
   const std::vector<int32_t> extra_eos = cm::load_generation_config(o.eng.model).eos_ids;
   cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
   cm::LayerStatsObserver stats(stderr);
-  cm::Session session(*m, &tok, cm::cli::forward_options(o.eng, &stats));
+  auto be = cm::cli::make_backend(o.eng, *m, &stats, cm::CacheShape{1, 512, 0});
+  cm::Session session(*be, m->config, &tok);
   const auto mode = o.think ? cm::chat::Mode::Thinking : cm::chat::Mode::Chat;
   const bool tty = ::isatty(STDOUT_FILENO);
   nlohmann::ordered_json history = nlohmann::ordered_json::array();

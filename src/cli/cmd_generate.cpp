@@ -54,8 +54,9 @@ int run(Opts& o) {
   req.eos_ids = gd.eos_ids;
   req.ignore_eos = o.ignore_eos;
 
+  auto be = cm::cli::make_backend(o.eng, *m, &stats, cm::CacheShape{1, 512, 0});
   if (!o.tokens.empty()) {
-    cm::Session s(*m, nullptr, cm::cli::forward_options(o.eng, &stats));
+    cm::Session s(*be, m->config, nullptr);
     req.prompt = cm::cli::parse_token_list(o.tokens);
     cm::GenerateResult r = s.generate(req, nullptr);
     for (size_t i = 0; i < r.tokens.size(); ++i) std::printf(i ? " %d" : "%d", r.tokens[i]);
@@ -66,7 +67,7 @@ int run(Opts& o) {
   }
 
   cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
-  cm::Session s(*m, &tok, cm::cli::forward_options(o.eng, &stats));
+  cm::Session s(*be, m->config, &tok);
   const bool chat = o.chat || o.think || !o.system.empty();
   const auto mode = o.think ? cm::chat::Mode::Thinking : cm::chat::Mode::Chat;
   std::string text = o.prompt;

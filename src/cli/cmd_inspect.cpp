@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "quant/inspect.h"
+#include "model/inspect.h"
 
 namespace {
 

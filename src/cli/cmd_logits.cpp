@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "io/output_file.h"
 #include "io/safetensors.h"
+#include "engine/backend.h"
 #include "model/model.h"
 
 namespace {
@@ -25,18 +26,20 @@ int run(Opts& o) {
   if (o.chunk < 0) cm::fail("--chunk must be >= 1 (got {})", o.chunk);
   auto m = cm::cli::load_model(o.eng);
   cm::check_output_path(o.out, {o.eng.model});  // before the forward: a bad -o fails fast
-  cm::State st = cm::state_new(m->config);
   cm::LayerStatsObserver stats(stderr);
-  cm::ForwardOptions fo = cm::cli::forward_options(o.eng, &stats);
-  fo.all_logits = true;
   const int64_t n = int64_t(toks.size()), V = m->config.vocab_size;
-  const int64_t chunk = o.chunk > 0 ? o.chunk : n;
-  std::vector<float> logits;
-  logits.reserve(size_t(n * V));
+  if (n > m->config.max_position_embeddings)
+    cm::fail("{} tokens exceed the model's context of {} (max_position_embeddings)", n,
+             m->config.max_position_embeddings);
+  const int64_t chunk = o.chunk > 0 ? std::min(o.chunk, n) : n;
+  auto be = cm::cli::make_backend(o.eng, *m, &stats, cm::CacheShape{1, int32_t(chunk), n});
+  std::vector<float> logits(size_t(n * V));
+  std::vector<int32_t> pos(static_cast<size_t>(n)), slot(size_t(n), 0);
+  std::vector<uint8_t> want(size_t(n), 1);
+  for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(i);
   for (int64_t i = 0; i < n; i += chunk) {
-    int64_t len = std::min(chunk, n - i);
-    std::vector<float> l = cm::forward(*m, st, toks.data() + i, len, fo);
-    logits.insert(logits.end(), l.begin(), l.end());
+    const int32_t len = int32_t(std::min(chunk, n - i));
+    be->step(cm::Batch{len, toks.data() + i, pos.data() + i, slot.data(), want.data()}, logits.data() + i * V);
   }
   cm::write_safetensors(o.out, {cm::tensor_f32("logits", {n, V}, logits.data())}, {}, {o.eng.model});
   std::fprintf(stderr, "wrote logits [%lld, %lld] to %s\n", (long long)n, (long long)V, o.out.c_str());
@@ -48,7 +51,7 @@ cm::cli::CommandRegistrar reg({"logits", "Compute logits for a token sequence an
                                  auto o = std::make_shared<Opts>();
                                  cm::cli::add_engine_options(app, o->eng);
                                  app.add_option("--tokens", o->tokens, "Comma-separated token ids")->required();
-                                 app.add_option("--chunk", o->chunk, "Feed N tokens per forward call (default all)");
+                                 app.add_option("--chunk", o->chunk, "Feed N tokens per model step (default all)");
                                  app.add_option("-o,--out", o->out, "Output .safetensors file")->required();
                                  return [o] { return run(*o); };
                                }});

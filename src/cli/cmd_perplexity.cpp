@@ -46,15 +46,18 @@ int run(Opts& o) {
   int64_t windows = (N - ctx) / stride + 1;
   if (o.chunks_given) windows = std::min(windows, o.chunks);
   cm::LayerStatsObserver stats(stderr);
-  cm::ForwardOptions fo = cm::cli::forward_options(o.eng, &stats);
-  fo.all_logits = true;
+  auto be = cm::cli::make_backend(o.eng, *m, &stats, cm::CacheShape{1, int32_t(ctx), ctx});
+  std::vector<float> logits(size_t(ctx * V));
+  std::vector<int32_t> pos(static_cast<size_t>(ctx)), slot(size_t(ctx), 0);
+  std::vector<uint8_t> want(size_t(ctx), 1);
+  for (int64_t i = 0; i < ctx; ++i) pos[size_t(i)] = int32_t(i);
   double nll = 0;
   int64_t scored = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t w = 0; w < windows; ++w) {
     const int64_t start = w * stride;
-    cm::State st = cm::state_new(m->config);
-    std::vector<float> logits = cm::forward(*m, st, ids.data() + start, ctx, fo);
+    be->reset_slot(0);
+    be->step(cm::Batch{int32_t(ctx), ids.data() + start, pos.data(), slot.data(), want.data()}, logits.data());
     const int64_t first = w == 0 ? 1 : ctx - stride;  // positions whose token is predicted
     for (int64_t p = std::max<int64_t>(first, 1); p < ctx; ++p) {
       const float* row = &logits[size_t((p - 1) * V)];

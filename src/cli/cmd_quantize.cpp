@@ -9,7 +9,7 @@
 
 #include "cli/commands.h"
 #include "common/error.h"
-#include "quant/calibrate.h"
+#include "runtime/calibrate.h"
 #include "quant/quantize.h"
 
 namespace {

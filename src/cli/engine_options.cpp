@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <cstdio>
+
 #include "common/error.h"
 #include "sampling/generation_config.h"
 
@@ -23,6 +25,9 @@ void add_engine_options(CLI::App& app, EngineOptions& o, bool model_required) {
                  "Activation handling for NVFP4 weights: none (weight-only, fp32 activations) or nvfp4 (emulate a "
                  "W4A4 Blackwell kernel)")
       ->check(CLI::IsMember({"none", "nvfp4"}));
+  app.add_option("--device", o.device, "Where the model runs: auto (cuda when a GPU is present), cpu or cuda")
+      ->envname("CLAWMINE_DEVICE")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 }
 
 void add_sampling_options(CLI::App& app, SamplingParams& sp) {
@@ -59,11 +64,25 @@ std::unique_ptr<Model> load_model(EngineOptions& o) {
   return model_load(o.model, lo);
 }
 
-ForwardOptions forward_options(const EngineOptions& o, Observer* stats) {
-  ForwardOptions fo;
-  fo.observer = o.layer_stats ? stats : nullptr;
-  fo.act_quant = o.act_quant == "nvfp4" ? ActQuant::NVFP4 : ActQuant::NONE;
-  return fo;
+int64_t context_size(const EngineOptions& o, const Model& m) {
+  const int64_t model_ctx = m.config.max_position_embeddings;
+  if (o.ctx_size < 0) fail("--ctx-size must be >= 0 (got {})", o.ctx_size);
+  if (o.ctx_size > model_ctx) fail("--ctx-size {} exceeds the model's context of {}", o.ctx_size, model_ctx);
+  return o.ctx_size > 0 ? o.ctx_size : std::min<int64_t>(model_ctx, 4096);
+}
+
+std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& m, Observer* stats, CacheShape shape) {
+  BackendOptions bo;
+  bo.observer = o.layer_stats ? stats : nullptr;
+  bo.act_quant = o.act_quant == "nvfp4" ? ActQuant::NVFP4 : ActQuant::NONE;
+  const Device d = o.device == "cpu"    ? Device::CPU
+                   : o.device == "cuda" ? Device::CUDA
+                                        : (gpu_present() ? Device::CUDA : Device::CPU);
+  std::fprintf(stderr, "clawmine: running on %s%s\n", device_name(d), o.device == "auto" ? " (--device auto)" : "");
+  std::unique_ptr<ModelBackend> be = cm::make_backend(m, d, bo);
+  if (shape.max_ctx == 0) shape.max_ctx = context_size(o, m);
+  be->reserve(shape);
+  return be;
 }
 
 }  // namespace cm::cli

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/backend.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
 
@@ -17,6 +18,8 @@ struct EngineOptions {
   bool layer_stats = false;        // --layer-stats
   bool derive_input_scale = false; // --derive-input-scale (NVFP4)
   std::string act_quant = "none";  // --act-quant none|nvfp4
+  int64_t ctx_size = 0;            // context a sequence may reach (0 = the model's, at most 4096)
+  std::string device = "auto";     // --device auto|cpu|cuda (auto: cuda when a GPU is present)
 };
 
 // Declares the shared flags on a subcommand. model_required: -m must be given.
@@ -32,7 +35,10 @@ SamplingParams effective_sampling(const CLI::App& app, const SamplingParams& fla
 // Applies threads, loads the model with the load options (the embedded
 // default model when -m was not given; o.model is set to the path used).
 std::unique_ptr<Model> load_model(EngineOptions& o);
-// ForwardOptions for these flags; `stats` is the observer used for --layer-stats.
-ForwardOptions forward_options(const EngineOptions& o, Observer* stats);
+// The backend for these flags (`stats` observes when --layer-stats is on),
+// reserved for `shape`. shape.max_ctx = 0 takes context_size(o, m).
+std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& m, Observer* stats, CacheShape shape);
+// The context a sequence may reach: o.ctx_size, or the model's context capped at 4096.
+int64_t context_size(const EngineOptions& o, const Model& m);
 
 }  // namespace cm::cli

@@ -43,10 +43,18 @@ struct CacheShape {
 enum class Device : uint8_t { CPU, CUDA };
 const char* device_name(Device d);
 
+// Sees the fp32 input x[m, K] (rows ldx apart) of every linear a step runs
+// (calibration records activation amax per linear). Called from the step's thread.
+struct LinearInputObserver {
+  virtual ~LinearInputObserver() = default;
+  virtual void observe_input(const LinearWeight& w, const float* x, int64_t m, int64_t ldx) = 0;
+};
+
 // Behaviour of a backend, fixed when it is made.
 struct BackendOptions {
-  Observer* observer = nullptr;        // sees every named intermediate (--layer-stats, dumps)
-  ActQuant act_quant = ActQuant::NONE; // CPU: W4A4 emulation of NVFP4 linears
+  Observer* observer = nullptr;                  // sees every named intermediate (--layer-stats, dumps)
+  LinearInputObserver* linear_inputs = nullptr;  // CPU: sees every linear's input (calibration)
+  ActQuant act_quant = ActQuant::NONE;           // CPU: W4A4 emulation of NVFP4 linears
 };
 
 class ModelBackend {
@@ -70,6 +78,10 @@ class ModelBackend {
   // intermediate that went non-finite.
   virtual void step(const Batch& batch, float* logits_out) = 0;
 };
+
+// True when this build has the CUDA backend and the machine shows an NVIDIA
+// device node. Cheap: it does not initialise CUDA (a CPU run never pays for it).
+bool gpu_present();
 
 // The backend for a device. CUDA throws when the build has no CUDA or no GPU is present.
 std::unique_ptr<ModelBackend> make_backend(const Model& m, Device d, const BackendOptions& opt = {});

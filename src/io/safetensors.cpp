@@ -267,8 +267,7 @@ SafetensorsContents parse_safetensors(const uint8_t* base, size_t size, const st
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(base[i]) << (8 * i);
   if (n > kMaxHeader) fail("{}: header length {} is over the 100 MB limit", path, n);
-  if (n > size - 8)
-    fail("{}: header length {} runs past the end of the file ({} bytes)", path, n, size);
+  if (n > size - 8) fail("{}: header length {} runs past the end of the file ({} bytes)", path, n, size);
   const uint8_t* data = base + 8 + n;
   HeaderParser h(path, data, size - 8 - n, out.tensors, out.metadata);
   json::sax_parse(base + 8, base + 8 + n, &h);
@@ -297,7 +296,7 @@ std::map<std::string, std::vector<std::string>> parse_safetensors_index(std::str
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
     if (!it.value().is_string()) fail("{}: weight_map entry '{}' is not a file name", source, show(it.key()));
     std::string file = it.value().get<std::string>();
-    if (file.find('/') != std::string::npos || file == "..")
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
       fail("{}: weight_map entry '{}' names a path outside the directory: '{}'", source, show(it.key()), show(file));
     by_file[file].push_back(it.key());
   }
@@ -351,7 +350,7 @@ TensorStore TensorStore::open_dir(const std::string& dir) {
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   TensorStore s;
   if (fs::exists(index)) {
-    std::map<std::string, std::vector<std::string>> by_file =
+    const std::map<std::string, std::vector<std::string>> by_file =
         parse_safetensors_index(read_regular_file(index.string(), kMaxConfigBytes), index.string());
     for (auto& [file, names] : by_file) {
       fs::path p = fs::path(dir) / file;

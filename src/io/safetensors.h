@@ -4,7 +4,8 @@
 // Layout: u64 little-endian header length N, N bytes of JSON mapping tensor
 // names to {dtype, shape, data_offsets:[begin,end)} relative to the data
 // buffer that follows, plus an optional "__metadata__" object. The reader
-// validates everything before handing out a view: header bounds, JSON,
+// validates everything before handing out a view: header bounds, JSON
+// (streamed, no DOM; duplicate names refused),
 // dtype names, offsets inside the buffer, no overlaps, byte size equal to
 // dtype size x element count, and for sharded checkpoints that every tensor
 // of the index is in its shard and no shard holds tensors outside the index.
@@ -40,14 +41,15 @@ struct SafetensorsContents {
   std::map<std::string, std::string> metadata;
 };
 
-// Parses and validates a whole safetensors file held in memory (header length, header JSON,
-// data buffer); `source` names the file in errors and in each view's `file`. SafetensorsFile
-// runs this on its mapping; the fuzz targets run it on arbitrary bytes. Throws cm::Error.
+// Parses and validates a whole safetensors file held in memory (header length,
+// header, data buffer) with a streaming parser (no JSON DOM; the table's cost
+// is capped); `source` names the file in errors and in each view's `file`.
+// SafetensorsFile runs this on its mapping; fuzz targets on arbitrary bytes.
 SafetensorsContents parse_safetensors(const uint8_t* bytes, size_t size, const std::string& source);
 
-// The weight_map of a model.safetensors.index.json text: shard file name -> tensor names.
-// Throws cm::Error naming `source` for bad JSON, a missing weight_map, a non-string entry or a
-// shard name outside the directory.
+// The weight_map of a model.safetensors.index.json text: shard file name ->
+// tensor names. Throws cm::Error naming `source` for bad or too deeply nested
+// JSON, a missing weight_map, a non-string entry or a shard outside the directory.
 std::map<std::string, std::vector<std::string>> parse_safetensors_index(std::string_view json_text,
                                                                         const std::string& source);
 

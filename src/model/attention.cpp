@@ -1,4 +1,4 @@
-// The attention block of one layer (spec §5) over a chunk of T tokens.
+// The attention block of one layer over a step's rows (many slots).
 //
 //   qr = RMSNorm(x·wq_aᵀ);  q = per-head unweighted RMSNorm(qr·wq_bᵀ), RoPE
 //   kv = RMSNorm(x·wkvᵀ), RoPE                        (one shared K=V head)
@@ -7,15 +7,19 @@
 //   o_h = softmax-with-sink over {window rows} ∪ {compressed entries}
 //   o_h ← inverse RoPE at the query position; out = wo_b · grouped wo_a · o
 //
-// The state keeps the last window−1 KV rows, each compressor's incomplete
-// block (gates with `ape` added), the CSA overlap half and all entries; so a
-// chunk sees exactly what one long prefill would have seen.
+// Projections multiply all rows of the step at once. The compressor then runs
+// per slot over its own state (pending block rows, CSA overlap halves,
+// entries), attention per token over its slot's window ring, this step's rows
+// of its slot and its slot's entries. The ring is written after every token of
+// the layer has read it, so a chunk sees exactly what one long prefill would.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "common/error.h"
-#include "model/model.h"
+#include "model/cpu_backend.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
 #include "ops/norm.h"
@@ -24,172 +28,158 @@ namespace cm {
 
 namespace {
 
-std::vector<float> lin(const LinearWeight& w, const float* x, int64_t T, const ForwardOptions& opt) {
-  std::vector<float> y(size_t(T * w.out_features));
-  linear_cpu(w, x, T, y.data(), opt.act_quant);
-  return y;
-}
-
-// Feeds T projected rows into a compressor and emits every completed entry
-// (spec §5.5). c = 2 (CSA, overlapping: slots = previous block's A halves +
-// this block's B halves) or 1 (HCA). Entries are normed and RoPE'd at i·m.
-void compressor_update(const CompressorWeights& cw, CompressorState& cs, int64_t m, int64_t c, int64_t dc,
-                       float eps, const RopeTable& rope, const float* x, int64_t T, int64_t pos0,
-                       const ForwardOptions& opt) {
+// Feeds a segment's projected rows (kv, gate: batch arrays [n, c·dc]) into one
+// compressor and writes every block it completes as an entry (spec'd pooling:
+// CSA slots = previous block's A halves + this block's B halves, c = 2; HCA,
+// c = 1, the block itself). Entry i is normed and RoPE'd at position i·m.
+// Returns the index of the first entry written and sets *written.
+int64_t compressor_feed(const CompressorWeights& cw, CompressorSlot& cs, int64_t m, int64_t c, int64_t dc, float eps,
+                        const RopeTable& rope, const float* kv, const float* gate, const Segment& s,
+                        CpuActivations& a, int64_t* written) {
   const int64_t width = c * dc;
-  std::vector<float> kv = lin(cw.wkv, x, T, opt), gate = lin(cw.wgate, x, T, opt);
-  for (int64_t t = 0; t < T; ++t) {
-    const float* ape = &cw.ape[size_t(((pos0 + t) % m) * width)];
-    for (int64_t j = 0; j < width; ++j) gate[size_t(t * width + j)] += ape[j];
-  }
-  cs.pend_kv.insert(cs.pend_kv.end(), kv.begin(), kv.end());
-  cs.pend_gate.insert(cs.pend_gate.end(), gate.begin(), gate.end());
-  cs.n_pend += T;
-
-  std::vector<float> slot_kv(size_t(2 * m * dc)), slot_gate(size_t(2 * m * dc)), entry(static_cast<size_t>(dc));
-  int64_t consumed = 0;
-  while (cs.n_pend - consumed >= m) {
-    const float* bk = &cs.pend_kv[size_t(consumed * width)];
-    const float* bg = &cs.pend_gate[size_t(consumed * width)];
-    int64_t slots;
+  *written = 0;
+  for (int64_t i = 0; i < s.n; ++i) {
+    const int64_t p = s.pos0 + i, r = s.row0 + i, row = p % m;
+    std::memcpy(cs.pend_kv + row * width, kv + r * width, size_t(width) * 4);
+    const float* ape = &cw.ape[size_t(row * width)];
+    for (int64_t j = 0; j < width; ++j) cs.pend_gate[row * width + j] = gate[r * width + j] + ape[j];
+    if ((p + 1) % m != 0) continue;
+    const int64_t blk = (p + 1) / m - 1;
+    float* entry = cs.entries + blk * dc;
     if (c == 1) {
-      slots = m;
-      std::copy(bk, bk + m * dc, slot_kv.begin());
-      std::copy(bg, bg + m * dc, slot_gate.begin());
+      compress_pool_cpu(cs.pend_kv, cs.pend_gate, m, dc, a.entry.data());
     } else {
-      slots = 2 * m;
-      for (int64_t s = 0; s < m; ++s) {
-        for (int64_t j = 0; j < dc; ++j) {
-          slot_kv[size_t(s * dc + j)] = cs.has_prev ? cs.prev_kv[size_t(s * dc + j)] : 0.0f;
-          slot_gate[size_t(s * dc + j)] = cs.has_prev ? cs.prev_gate[size_t(s * dc + j)] : -INFINITY;
-          slot_kv[size_t((m + s) * dc + j)] = bk[s * width + dc + j];
-          slot_gate[size_t((m + s) * dc + j)] = bg[s * width + dc + j];
+      float *pk = a.pool_kv.data(), *pg = a.pool_gate.data();
+      for (int64_t j = 0; j < m; ++j) {
+        for (int64_t d = 0; d < dc; ++d) {
+          pk[j * dc + d] = blk > 0 ? cs.prev_kv[j * dc + d] : 0.0f;
+          pg[j * dc + d] = blk > 0 ? cs.prev_gate[j * dc + d] : -INFINITY;
+          pk[(m + j) * dc + d] = cs.pend_kv[j * width + dc + d];
+          pg[(m + j) * dc + d] = cs.pend_gate[j * width + dc + d];
         }
       }
-      cs.prev_kv.resize(size_t(m * dc));
-      cs.prev_gate.resize(size_t(m * dc));
-      for (int64_t s = 0; s < m; ++s)
-        for (int64_t j = 0; j < dc; ++j) {
-          cs.prev_kv[size_t(s * dc + j)] = bk[s * width + j];
-          cs.prev_gate[size_t(s * dc + j)] = bg[s * width + j];
-        }
-      cs.has_prev = true;
+      for (int64_t j = 0; j < m; ++j) {
+        std::memcpy(cs.prev_kv + j * dc, cs.pend_kv + j * width, size_t(dc) * 4);
+        std::memcpy(cs.prev_gate + j * dc, cs.pend_gate + j * width, size_t(dc) * 4);
+      }
+      compress_pool_cpu(pk, pg, 2 * m, dc, a.entry.data());
     }
-    compress_pool_cpu(slot_kv.data(), slot_gate.data(), slots, dc, entry.data());
-    rms_norm_cpu(entry.data(), cw.norm.data(), 1, dc, eps, entry.data());
-    rope_apply_cpu(entry.data(), 1, dc, cs.n_entries * m, rope, false);
-    cs.entries.insert(cs.entries.end(), entry.begin(), entry.end());
-    ++cs.n_entries;
-    consumed += m;
+    rms_norm_cpu(a.entry.data(), cw.norm.data(), 1, dc, eps, entry);
+    rope_apply_cpu(entry, 1, dc, blk * m, rope, false);
+    ++*written;
   }
-  cs.pend_kv.erase(cs.pend_kv.begin(), cs.pend_kv.begin() + consumed * width);
-  cs.pend_gate.erase(cs.pend_gate.begin(), cs.pend_gate.begin() + consumed * width);
-  cs.n_pend -= consumed;
-}
-
-// Lightning indexer (spec §5.7): for each query, the indices of the top-k
-// causal entries by Σ_h w_h·ReLU(q_h·K_i)·ihd^−½ (ties: lower index first).
-std::vector<std::vector<int32_t>> indexer_select(const Model& mdl, const IndexerWeights& iw, const CompressorState& ks,
-                                                 const float* x, const float* qr, int64_t T, int64_t pos0,
-                                                 const ForwardOptions& opt) {
-  const Config& c = mdl.config;
-  const int64_t nh = c.index_n_heads, ihd = c.index_head_dim, m = c.csa_ratio;
-  std::vector<float> q = lin(iw.wq_b, qr, T, opt);  // [T, nh·ihd]
-  std::vector<float> wts = lin(iw.weights_proj, x, T, opt);  // [T, nh]
-  const float wscale = 1.0f / std::sqrt(float(nh));
-  std::vector<std::vector<int32_t>> sel(static_cast<size_t>(T));
-#pragma omp parallel for schedule(dynamic) if (T * nh * ihd * ks.n_entries >= (int64_t(1) << 16))
-  for (int64_t t = 0; t < T; ++t) {
-    float* qt = &q[size_t(t * nh * ihd)];
-    rope_apply_cpu(qt, nh, ihd, pos0 + t, mdl.rope_compress, false);
-    const int64_t n_causal = std::min((pos0 + t + 1) / m, ks.n_entries);
-    std::vector<float> score(static_cast<size_t>(n_causal)), w(static_cast<size_t>(nh));
-    for (int64_t h = 0; h < nh; ++h) w[size_t(h)] = wts[size_t(t * nh + h)] * wscale;
-    indexer_scores_cpu(qt, ks.entries.data(), n_causal, w.data(), nh, ihd, score.data());
-    sel[size_t(t)] = topk_lower_index_first(score.data(), n_causal, c.index_topk);
-  }
-  return sel;
+  return s.pos0 / m;  // the block holding the segment's first position is the first one completed
 }
 
 }  // namespace
 
-void attention_block(const Model& mdl, int64_t L, LayerState& st, int64_t pos0, const float* x, int64_t T,
-                     float* out, const ForwardOptions& opt) {
+void attention_block(CpuBackend& be, int64_t L, const float* x, float* out) {
+  const Model& mdl = be.model();
   const Config& c = mdl.config;
   const LayerWeights& lw = mdl.weights.layers[size_t(L)];
+  const Batch& b = be.batch();
+  CpuActivations& a = be.act();
   const AttnKind kind = c.attn_kinds[size_t(L)];
   const RopeTable& rope = kind == AttnKind::SLIDING ? mdl.rope_main : mdl.rope_compress;
-  const int64_t H = c.num_heads, hd = c.head_dim, W = c.sliding_window, G = c.o_groups, ol = c.o_lora_rank;
+  const int64_t N = b.n, H = c.num_heads, hd = c.head_dim, W = c.sliding_window, G = c.o_groups, ol = c.o_lora_rank;
+  const int64_t ql = c.q_lora_rank, inh = c.index_n_heads, ihd = c.index_head_dim, topk = c.index_topk;
   const float eps = c.rms_norm_eps;
 
-  // Queries and the shared KV head.
-  std::vector<float> qr = lin(lw.wq_a, x, T, opt);
-  rms_norm_cpu(qr.data(), lw.q_norm.data(), T, c.q_lora_rank, eps, qr.data());
-  std::vector<float> q = lin(lw.wq_b, qr.data(), T, opt);  // [T, H, hd]
-  rms_norm_cpu(q.data(), nullptr, T * H, hd, eps, q.data());
-  std::vector<float> kv = lin(lw.wkv, x, T, opt);  // [T, hd]
-  rms_norm_cpu(kv.data(), lw.kv_norm.data(), T, hd, eps, kv.data());
-  for (int64_t t = 0; t < T; ++t) {
-    rope_apply_cpu(&q[size_t(t * H * hd)], H, hd, pos0 + t, rope, false);
-    rope_apply_cpu(&kv[size_t(t * hd)], 1, hd, pos0 + t, rope, false);
+  // Queries and the shared KV head, for every row of the step.
+  float *qr = a.qr.data(), *q = a.q.data(), *kv = a.kv.data();
+  be.linear(lw.wq_a, x, N, qr);
+  rms_norm_cpu(qr, lw.q_norm.data(), N, ql, eps, qr);
+  be.linear(lw.wq_b, qr, N, q);
+  rms_norm_cpu(q, nullptr, N * H, hd, eps, q);
+  be.linear(lw.wkv, x, N, kv);
+  rms_norm_cpu(kv, lw.kv_norm.data(), N, hd, eps, kv);
+#pragma omp parallel for schedule(static) if (N * H >= 64)
+  for (int64_t t = 0; t < N; ++t) {
+    rope_apply_cpu(q + t * H * hd, H, hd, b.pos[t], rope, false);
+    rope_apply_cpu(kv + t * hd, 1, hd, b.pos[t], rope, false);
   }
+  be.note("q", L, q, H * hd, {H, hd});
+  be.note("kv", L, kv, hd, {hd});
 
-  // Compressed entries (and, for CSA, the indexer's choice among them).
-  std::vector<std::vector<int32_t>> selected;
+  // Compressed entries, per slot (and, for CSA, the indexer's keys).
+  const int64_t m = c.ratio(L);
   if (lw.compressor) {
-    const int64_t m = c.ratio(L), cc = kind == AttnKind::CSA ? 2 : 1;
-    compressor_update(*lw.compressor, st.comp, m, cc, hd, eps, mdl.rope_compress, x, T, pos0, opt);
+    const int64_t cc = kind == AttnKind::CSA ? 2 : 1;
+    be.linear(lw.compressor->wkv, x, N, a.ckv.data());
+    be.linear(lw.compressor->wgate, x, N, a.cgate.data());
     if (kind == AttnKind::CSA) {
-      compressor_update(lw.indexer->comp, st.index_comp, m, 2, c.index_head_dim, eps, mdl.rope_compress, x, T, pos0,
-                        opt);
-      selected = indexer_select(mdl, *lw.indexer, st.index_comp, x, qr.data(), T, pos0, opt);
+      be.linear(lw.indexer->comp.wkv, x, N, a.ikv.data());
+      be.linear(lw.indexer->comp.wgate, x, N, a.igate.data());
+      be.linear(lw.indexer->wq_b, qr, N, a.iq.data());
+      be.linear(lw.indexer->weights_proj, x, N, a.iw.data());
+    }
+    for (int64_t i = 0; i < a.n_segs; ++i) {
+      const Segment& s = a.segs[size_t(i)];
+      LayerSlot& ls = be.slot(s.slot).layers[size_t(L)];
+      int64_t n_new = 0;
+      const int64_t first = compressor_feed(*lw.compressor, ls.comp, m, cc, hd, eps, mdl.rope_compress, a.ckv.data(),
+                                            a.cgate.data(), s, a, &n_new);
+      if (n_new > 0) be.note_slot("entries", L, s, ls.comp.entries + first * hd, n_new, hd, {hd});
+      if (kind == AttnKind::CSA) {
+        const int64_t ifirst = compressor_feed(lw.indexer->comp, ls.index, m, 2, ihd, eps, mdl.rope_compress,
+                                               a.ikv.data(), a.igate.data(), s, a, &n_new);
+        if (n_new > 0) be.note_slot("index_keys", L, s, ls.index.entries + ifirst * ihd, n_new, ihd, {ihd});
+      }
     }
   }
 
-  // Attention per query token over window rows ∪ compressed entries.
-  std::vector<float> o(size_t(T * H * hd));
+  // Attention per query token over its slot's window rows ∪ compressed entries.
+  float* o = a.o.data();
   const float scale = 1.0f / std::sqrt(float(hd));
-#pragma omp parallel for schedule(dynamic) if (T * H * hd * std::min<int64_t>(pos0 + T, W) >= (int64_t(1) << 16))
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t p = pos0 + t;
-    std::vector<const float*> ent;
-    const int64_t first = std::max<int64_t>(0, p - W + 1);
-    for (int64_t s = first; s <= p; ++s) {
-      if (s < pos0) ent.push_back(&st.window[size_t((st.n_window - (pos0 - s)) * hd)]);
-      else ent.push_back(&kv[size_t((s - pos0) * hd)]);
-    }
+  const float wscale = 1.0f / std::sqrt(float(inh));
+#pragma omp parallel for schedule(dynamic) num_threads(be.threads()) if (N > 1)
+  for (int64_t t = 0; t < N; ++t) {
+    CpuActivations::Thread& th = a.threads[size_t(omp_get_thread_num())];
+    const Segment& s = a.segs[size_t(a.seg_of_row[size_t(t)])];
+    const LayerSlot& ls = be.slot(s.slot).layers[size_t(L)];
+    const int64_t p = b.pos[t];
+    const float** ent = th.ent.data();
+    int64_t n = 0;
+    for (int64_t j = std::max<int64_t>(0, p - W + 1); j <= p; ++j)
+      ent[n++] = j < s.pos0 ? ls.window + (j % W) * hd : kv + (s.row0 + (j - s.pos0)) * hd;
     if (kind == AttnKind::HCA) {
-      const int64_t n = std::min((p + 1) / c.hca_ratio, st.comp.n_entries);
-      for (int64_t i = 0; i < n; ++i) ent.push_back(&st.comp.entries[size_t(i * hd)]);
+      for (int64_t i = 0; i < (p + 1) / m; ++i) ent[n++] = ls.comp.entries + i * hd;
     } else if (kind == AttnKind::CSA) {
-      for (int32_t i : selected[size_t(t)]) ent.push_back(&st.comp.entries[size_t(i * hd)]);
+      // Lightning indexer: top-k causal entries by Σ_h w_h·ReLU(q_h·K_i)·ihd^−½.
+      float* qt = a.iq.data() + t * inh * ihd;
+      rope_apply_cpu(qt, inh, ihd, p, mdl.rope_compress, false);
+      float wt[512];
+      CM_CHECK(inh <= 512, "indexer: {} heads above 512", inh);
+      for (int64_t h = 0; h < inh; ++h) wt[h] = a.iw[size_t(t * inh + h)] * wscale;
+      const int64_t nc = (p + 1) / m;
+      indexer_scores_cpu(qt, ls.index.entries, nc, wt, inh, ihd, th.iscore.data(), th.iscratch.data(),
+                         th.irows.data());
+      int32_t* sel = a.sel.data() + t * topk;
+      const int64_t k = topk_lower_index_first(th.iscore.data(), nc, topk, th.itopk.data(), sel);
+      a.n_sel[size_t(t)] = int32_t(k);
+      for (int64_t j = 0; j < topk; ++j) a.sel_score[size_t(t * topk + j)] = j < k ? th.iscore[size_t(sel[j])] : 0.0f;
+      for (int64_t j = 0; j < k; ++j) ent[n++] = ls.comp.entries + sel[j] * hd;
     }
-    float* ot = &o[size_t(t * H * hd)];
-    attention_sink_cpu(&q[size_t(t * H * hd)], ent.data(), int64_t(ent.size()), lw.sinks.data(), H, hd, scale, ot);
+    float* ot = o + t * H * hd;
+    attention_sink_cpu(q + t * H * hd, ent, n, lw.sinks.data(), H, hd, scale, ot, th.scores.data());
     rope_apply_cpu(ot, H, hd, p, rope, true);
   }
+  if (kind == AttnKind::CSA) be.note("index_top_scores", L, a.sel_score.data(), topk, {topk});
+  be.note("attn_core", L, o, H * hd, {H, hd});
 
-  // Keep the last W−1 KV rows for the next chunk.
-  st.window.insert(st.window.end(), kv.begin(), kv.end());
-  st.n_window += T;
-  if (st.n_window > W - 1) {
-    const int64_t drop = st.n_window - (W - 1);
-    st.window.erase(st.window.begin(), st.window.begin() + drop * hd);
-    st.n_window = W - 1;
+  // The window ring keeps each slot's last W rows for the next step.
+  for (int64_t i = 0; i < a.n_segs; ++i) {
+    const Segment& s = a.segs[size_t(i)];
+    LayerSlot& ls = be.slot(s.slot).layers[size_t(L)];
+    for (int64_t j = std::max<int64_t>(0, s.n - W); j < s.n; ++j)
+      std::memcpy(ls.window + ((s.pos0 + j) % W) * hd, kv + (s.row0 + j) * hd, size_t(hd) * 4);
   }
 
-  // Grouped low-rank output projection (spec §5.3): group g's heads go
-  // through rows [g·ol, (g+1)·ol) of wo_a.
+  // Grouped low-rank output projection: group g's heads go through rows
+  // [g·ol, (g+1)·ol) of wo_a.
   const int64_t gin = H * hd / G;
-  std::vector<float> og(size_t(T * gin)), u(size_t(T * G * ol)), ug(size_t(T * ol));
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t t = 0; t < T; ++t)
-      std::memcpy(&og[size_t(t * gin)], &o[size_t(t * H * hd + g * gin)], size_t(gin) * 4);
-    linear_cpu_rows(lw.wo_a, g * ol, ol, og.data(), T, ug.data(), opt.act_quant);
-    for (int64_t t = 0; t < T; ++t)
-      std::memcpy(&u[size_t(t * G * ol + g * ol)], &ug[size_t(t * ol)], size_t(ol) * 4);
-  }
-  linear_cpu(lw.wo_b, u.data(), T, out, opt.act_quant);
+  for (int64_t g = 0; g < G; ++g) be.linear(lw.wo_a, o + g * gin, N, a.u.data() + g * ol, H * hd, G * ol, g * ol, ol);
+  be.linear(lw.wo_b, a.u.data(), N, out);
 }
 
 }  // namespace cm

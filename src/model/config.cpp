@@ -143,7 +143,7 @@ Config config_from_json(const json& j, const std::string& src) {
   if (c.index_head_dim < c.rope_dim)
     fail("{}: index_head_dim {} is smaller than the RoPE dims {}", src, c.index_head_dim, c.rope_dim);
   c.index_topk = r.integer("index_topk", 1, kBig);
-  c.hc_mult = r.integer("hc_mult", 1, 64);
+  c.hc_mult = r.integer("hc_mult", 1, 16);
   c.hc_sinkhorn_iters = r.integer("hc_sinkhorn_iters", 1, 1000);
   c.hc_eps = float(r.number("hc_eps", 0.0, 1.0, false, 1e-6));
   c.rms_norm_eps = float(r.number("rms_norm_eps", 0.0, 1.0, false, 1e-6));

@@ -79,8 +79,8 @@ struct Config {
 };
 
 Config config_from_json(const nlohmann::json& j, const std::string& source = "config.json");
-// config.json text -> Config (the JSON parse, then config_from_json); config_load reads the file
-// and calls this, the fuzz target calls it on arbitrary bytes.
+// config.json text -> Config (depth-limited JSON parse, then config_from_json);
+// config_load reads the file (type-checked, bounded) and calls this.
 Config config_parse(std::string_view text, const std::string& source = "config.json");
 Config config_load(const std::string& model_dir);  // reads DIR/config.json
 

@@ -10,6 +10,10 @@
 namespace cm {
 
 // q: [heads, dim]; entries: n pointers to dim floats; sinks: [heads]; out: [heads, dim].
+// scratch: heads·n floats (the overload without it allocates). Scores are one
+// fixed-order GEMM, so a token's output does not depend on its batch.
+void attention_sink_cpu(const float* q, const float* const* entries, int64_t n, const float* sinks, int64_t heads,
+                        int64_t dim, float scale, float* out, float* scratch);
 void attention_sink_cpu(const float* q, const float* const* entries, int64_t n, const float* sinks, int64_t heads,
                         int64_t dim, float scale, float* out);
 

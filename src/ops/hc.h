@@ -8,6 +8,7 @@
 //  hc_post: X'_k = post_k · out + Σ_j comb[j][k] · X_j   (note the transpose).
 //  hc_head: pre = σ(mixes·scale + base) + eps; y = Σ_k pre_k X_k.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace cm {
@@ -22,7 +23,12 @@ struct HcParams {
 };
 
 // Per token t of T: X [T, hc, D] -> collapsed [T, D], post [T, hc], comb [T, hc, hc].
+// The mixes are one fixed-order fp32 GEMM over the step's tokens (batch-invariant).
+// scratch: hc_pre_scratch_floats(hc, D, T) floats; the overload without it allocates.
+void hc_pre_cpu(const HcParams& p, const float* x, int64_t tokens, float* collapsed, float* post, float* comb,
+                float* scratch);
 void hc_pre_cpu(const HcParams& p, const float* x, int64_t tokens, float* collapsed, float* post, float* comb);
+size_t hc_pre_scratch_floats(int64_t hc, int64_t dim, int64_t tokens);
 // In place on X [T, hc, D] with out [T, D].
 void hc_post_cpu(int64_t hc, int64_t dim, const float* out, const float* post, const float* comb, int64_t tokens,
                  float* x);
@@ -36,6 +42,8 @@ struct HcHeadParams {
   int64_t hc = 0, dim = 0;
   float hc_eps = 0, norm_eps = 0;
 };
+void hc_head_cpu(const HcHeadParams& p, const float* x, int64_t tokens, float* y, float* scratch);
 void hc_head_cpu(const HcHeadParams& p, const float* x, int64_t tokens, float* y);
+size_t hc_head_scratch_floats(int64_t hc, int64_t dim, int64_t tokens);
 
 }  // namespace cm

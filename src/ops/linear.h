@@ -24,16 +24,6 @@ enum class WeightFormat : uint8_t {
 };
 const char* weight_format_name(WeightFormat f);
 
-struct LinearWeight;
-
-// Sees the fp32 input x[m, K] of every CPU linear call on a weight that points
-// to it (calibration records activation amax per linear). May be called from
-// several threads at once; implementations synchronise themselves.
-struct LinearInputObserver {
-  virtual ~LinearInputObserver() = default;
-  virtual void observe_input(const LinearWeight& w, const float* x, int64_t m) = 0;
-};
-
 // One linear weight, in its stored form. Non-owning views into the checkpoint
 // unless `owned` holds the bytes (repacked or generated weights).
 struct LinearWeight {
@@ -49,7 +39,6 @@ struct LinearWeight {
   float input_scale = 0.0f;  // NVFP4 calibrated activation scale (0 = absent)
   std::vector<uint8_t> owned;
   std::vector<uint8_t> owned_scale;
-  LinearInputObserver* input_observer = nullptr;  // calibration hook, off by default
 
   LinearWeight() = default;
   LinearWeight(LinearWeight&&) = default;  // vector moves keep their buffers, so data stays valid
@@ -68,13 +57,31 @@ void linear_expand_row(const LinearWeight& w, int64_t n, float* out);
 // Activation handling inside CPU linears (see ops/linear_cpu.cpp).
 enum class ActQuant : uint8_t { NONE, NVFP4 };
 
-// y[M, N] = x[M, K] * W^T in fp32, parallel over output rows (OpenMP).
+// y[M, N] = x[M, K] * W^T in fp32 (OpenMP over weight-row blocks and, when
+// those are few, activation-row chunks). Every output element is computed with
+// one fixed arithmetic whatever M or the tiling (see linear.cpp): a row's result
+// does not depend on the other rows of the call.
 void linear_cpu(const LinearWeight& w, const float* x, int64_t m, float* y, ActQuant aq = ActQuant::NONE);
 
 // Rows [row0, row0+rows) of W only: y[M, rows] = x[M, K] · W[row0:row0+rows]ᵀ
 // (the grouped output projection uses one row block per group).
 void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t rows, const float* x, int64_t m, float* y,
                      ActQuant aq = ActQuant::NONE);
+// Same with row strides: x rows ldx floats apart, y rows ldy floats apart.
+void linear_cpu_rows(const LinearWeight& w, int64_t row0, int64_t rows, const float* x, int64_t ldx, int64_t m,
+                     float* y, int64_t ldy, ActQuant aq = ActQuant::NONE);
+
+// The same fixed-arithmetic GEMM on plain fp32 rows, y[i, j] = x[i, :]·w_j
+// (row j of w given by pointer; y rows ldy apart). Serial: for use inside
+// per-token parallel loops (attention scores, indexer scores).
+void gemm_f32_rows(const float* x, int64_t ldx, int64_t m, const float* const* w_rows, int64_t n, int64_t k, float* y,
+                   int64_t ldy);
+// y[m, n] = x[m, k] · w[n, k]ᵀ over contiguous fp32 matrices, OpenMP-parallel.
+void gemm_f32(const float* x, int64_t m, const float* w, int64_t n, int64_t k, float* y);
+
+// Sizes every OpenMP thread's expansion panel for weights of up to max_k
+// inputs and the W4A4 buffer for max_m rows, so later calls allocate nothing.
+void linear_cpu_reserve(int64_t max_k, int64_t max_m);
 
 // Builds an owned F32 weight (tests, generated models).
 LinearWeight linear_from_f32(std::string name, int64_t n, int64_t k, const float* values);

@@ -1,5 +1,6 @@
 #include "runtime/session.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -8,35 +9,65 @@
 
 namespace cm {
 
-Session::Session(const Model& m, const Tokenizer* tok, ForwardOptions fo)
-    : m_(m), tok_(tok), fo_(fo), st_(state_new(m.config)) {
-  fo_.all_logits = false;
+Session::Session(ModelBackend& be, const Config& cfg, const Tokenizer* tok, int32_t slot)
+    : be_(be), cfg_(cfg), tok_(tok), slot_(slot), logits_(size_t(cfg.vocab_size)) {
+  be_.reset_slot(slot_);
+  const int32_t n = be_.shape().max_step_tokens;
+  b_pos_.resize(size_t(n));
+  b_slot_.assign(size_t(n), slot_);
+  b_logits_.resize(size_t(n));
 }
 
 void Session::reset() {
-  state_reset(st_);
+  be_.reset_slot(slot_);
   fed_.clear();
+}
+
+const std::vector<float>& Session::feed(const int32_t* tokens, int64_t n) {
+  const int64_t chunk = be_.shape().max_step_tokens;
+  for (int64_t i = 0; i < n; i += chunk) {
+    const int32_t len = int32_t(std::min(chunk, n - i));
+    const int64_t pos0 = be_.slot_pos(slot_);
+    for (int32_t j = 0; j < len; ++j) {
+      b_pos_[size_t(j)] = int32_t(pos0 + j);
+      b_logits_[size_t(j)] = j + 1 == len ? 1 : 0;
+    }
+    Batch b{len, tokens + i, b_pos_.data(), b_slot_.data(), b_logits_.data()};
+    be_.step(b, logits_.data());
+  }
+  return logits_;
 }
 
 GenerateResult Session::generate(const GenerateRequest& req, const std::function<void(const std::string&)>& on_text,
                                  const std::atomic<bool>* cancel) {
-  const Config& c = m_.config;
+  try {
+    return run(req, on_text, cancel);
+  } catch (...) {
+    reset();  // a failed step leaves the slot in no defined state: start the next request afresh
+    throw;
+  }
+}
+
+GenerateResult Session::run(const GenerateRequest& req, const std::function<void(const std::string&)>& on_text,
+                            const std::atomic<bool>* cancel) {
+  const Config& c = cfg_;
+  const int64_t ctx = be_.shape().max_ctx;
   GenerateResult r;
   CM_CHECK(!req.prompt.empty(), "empty prompt");
   CM_CHECK(req.max_tokens >= 0, "max_tokens must be >= 0");
-  if (int64_t(req.prompt.size()) >= c.max_position_embeddings)
-    fail("prompt of {} tokens does not fit the model's context of {}", req.prompt.size(), c.max_position_embeddings);
+  if (int64_t(req.prompt.size()) >= ctx)
+    fail("prompt of {} tokens does not fit the context of {} tokens", req.prompt.size(), ctx);
   Sampler sampler(req.sampling);
   chat::StopStrings stop(req.stop);
   // Reuse the state when the prompt extends what it already consumed (and adds at least one token).
   size_t keep = 0;
   if (fed_.size() < req.prompt.size() && std::equal(fed_.begin(), fed_.end(), req.prompt.begin())) keep = fed_.size();
-  if (keep == 0 && !fed_.empty()) reset();
+  if (keep == 0) reset();
   r.prompt_tokens = int64_t(req.prompt.size());
   r.prompt_reused = int64_t(keep);
 
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = forward(m_, st_, req.prompt.data() + keep, int64_t(req.prompt.size() - keep), fo_);
+  std::vector<float> logits = feed(req.prompt.data() + keep, int64_t(req.prompt.size() - keep));
   fed_.assign(req.prompt.begin(), req.prompt.end());
   auto t1 = std::chrono::steady_clock::now();
   r.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -57,7 +88,7 @@ GenerateResult Session::generate(const GenerateRequest& req, const std::function
       r.finish_reason = "cancelled";
       break;
     }
-    if (st_.pos >= c.max_position_embeddings) break;  // context full: "length"
+    if (be_.slot_pos(slot_) >= ctx) break;  // context full: "length"
     int32_t id = sampler.sample(logits.data(), c.vocab_size, hist);
     hist.push_back(id);
     r.tokens.push_back(id);
@@ -75,8 +106,8 @@ GenerateResult Session::generate(const GenerateRequest& req, const std::function
       break;
     }
     if (i + 1 == req.max_tokens) break;
-    logits = forward(m_, st_, &id, 1, fo_);
     fed_.push_back(id);
+    logits = feed(&id, 1);
   }
   if (tok_ && !stop.stopped()) {
     emit(dec->flush());

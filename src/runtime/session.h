@@ -1,9 +1,9 @@
-// A generation session: one model, one sequence State, and the tokens that
-// State has consumed. generate() feeds a prompt (reusing the State when the
-// prompt extends what it already holds, as a multi-turn chat does), then
-// samples until EOS, a stop string, max_tokens, the context limit or a
-// cancel flag, streaming text pieces to a callback. The CLI's generate and
-// chat and the server share it.
+// A generation session: one slot of a ModelBackend and the tokens that slot
+// has consumed. generate() feeds a prompt through step() in chunks of at most
+// the backend's max_step_tokens (reusing the slot when the prompt extends what
+// it already holds, as a multi-turn chat does), then samples until EOS, a stop
+// string, max_tokens, the reserved context or a cancel flag, streaming text
+// pieces to a callback. The CLI's generate and chat use it.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -37,7 +38,8 @@ struct GenerateResult {
 
 class Session {
  public:
-  Session(const Model& m, const Tokenizer* tok, ForwardOptions fo = {});
+  // The backend must be reserved; the session owns `slot` of it.
+  Session(ModelBackend& be, const Config& cfg, const Tokenizer* tok, int32_t slot = 0);
   // on_text receives printable UTF-8 pieces as they are produced (may be null).
   GenerateResult generate(const GenerateRequest& req, const std::function<void(const std::string&)>& on_text,
                           const std::atomic<bool>* cancel = nullptr);
@@ -45,11 +47,19 @@ class Session {
   const std::vector<int32_t>& history() const { return fed_; }
 
  private:
-  const Model& m_;
+  GenerateResult run(const GenerateRequest& req, const std::function<void(const std::string&)>& on_text,
+                     const std::atomic<bool>* cancel);
+  // Feeds tokens (continuing the slot) and returns the last one's logits.
+  const std::vector<float>& feed(const int32_t* tokens, int64_t n);
+
+  ModelBackend& be_;
+  const Config& cfg_;
   const Tokenizer* tok_;
-  ForwardOptions fo_;
-  State st_;
-  std::vector<int32_t> fed_;  // tokens the state has consumed
+  int32_t slot_;
+  std::vector<int32_t> fed_;  // tokens the slot has consumed
+  std::vector<float> logits_;
+  std::vector<int32_t> b_pos_, b_slot_;
+  std::vector<uint8_t> b_logits_;
 };
 
 }  // namespace cm

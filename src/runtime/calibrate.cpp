@@ -1,15 +1,15 @@
 // Calibration run for the quantizer; see calibrate.h.
-#include "quant/calibrate.h"
+#include "runtime/calibrate.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cerrno>
 #include <climits>
 #include <iterator>
-#include <mutex>
 #include <sstream>
 
 #include "common/error.h"
+#include "engine/backend.h"
 #include "io/input_file.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -20,43 +20,15 @@ namespace {
 
 // Records max |x| of each linear's input, keyed by the weight's module name.
 struct AmaxRecorder : LinearInputObserver {
-  std::mutex mu;
   std::map<std::string, float> amax;
-  void observe_input(const LinearWeight& w, const float* x, int64_t m) override {
+  void observe_input(const LinearWeight& w, const float* x, int64_t m, int64_t ldx) override {
     float a = 0;
-    const int64_t n = m * w.in_features;
-    for (int64_t i = 0; i < n; ++i) a = std::max(a, std::fabs(x[i]));  // NaN does not raise the max
-    std::lock_guard<std::mutex> lock(mu);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t k = 0; k < w.in_features; ++k) a = std::max(a, std::fabs(x[i * ldx + k]));  // NaN does not raise it
     float& slot = amax[w.name];
     slot = std::max(slot, a);
   }
 };
-
-// Every linear of the model, so the recorder can be attached to each.
-template <typename F>
-void for_each_linear(Weights& w, F&& f) {
-  f(w.head);
-  auto expert = [&](ExpertWeights& e) {
-    f(e.w1);
-    f(e.w2);
-    f(e.w3);
-  };
-  auto comp = [&](CompressorWeights& c) {
-    f(c.wkv);
-    f(c.wgate);
-  };
-  for (LayerWeights& l : w.layers) {
-    for (LinearWeight* p : {&l.wq_a, &l.wq_b, &l.wkv, &l.wo_a, &l.wo_b, &l.gate}) f(*p);
-    if (l.compressor) comp(*l.compressor);
-    if (l.indexer) {
-      f(l.indexer->wq_b);
-      f(l.indexer->weights_proj);
-      comp(l.indexer->comp);
-    }
-    for (ExpertWeights& e : l.experts) expert(e);
-    if (l.has_shared) expert(l.shared);
-  }
-}
 
 }  // namespace
 
@@ -126,15 +98,21 @@ std::map<std::string, float> calibrate_input_amax(const std::string& dir,
   lo.linear.allow_missing_input_scale = true;
   std::unique_ptr<Model> m = model_load(dir, lo);
   AmaxRecorder rec;
-  for_each_linear(m->weights, [&](LinearWeight& w) { w.input_observer = &rec; });
-  State st = state_new(m->config);
+  BackendOptions bo;
+  bo.linear_inputs = &rec;
+  std::unique_ptr<ModelBackend> be = make_backend(*m, Device::CPU, bo);
+  const int64_t len = std::min(max_len, m->config.max_position_embeddings);
+  be->reserve(CacheShape{1, int32_t(len), len});
+  std::vector<int32_t> pos(static_cast<size_t>(len)), slot(size_t(len), 0);
+  std::vector<uint8_t> want(size_t(len), 0);  // no logits: only the linears' inputs are wanted
+  for (int64_t i = 0; i < len; ++i) pos[size_t(i)] = int32_t(i);
   int64_t total = 0, done = 0;
   for (const auto& s : seqs) total += int64_t(s.size());
   for (const auto& s : seqs) {
-    for (size_t i = 0; i < s.size(); i += size_t(max_len)) {
-      state_reset(st);
-      const int64_t n = std::min<int64_t>(max_len, int64_t(s.size() - i));
-      forward(*m, st, s.data() + i, n);
+    for (size_t i = 0; i < s.size(); i += size_t(len)) {
+      be->reset_slot(0);
+      const int64_t n = std::min<int64_t>(len, int64_t(s.size() - i));
+      be->step(Batch{int32_t(n), s.data() + i, pos.data(), slot.data(), want.data()}, nullptr);
       done += n;
       std::fprintf(log, "calibrate: %lld/%lld tokens\n", (long long)done, (long long)total);
     }

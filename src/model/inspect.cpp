@@ -1,5 +1,5 @@
 // Checkpoint inspection; see inspect.h.
-#include "quant/inspect.h"
+#include "model/inspect.h"
 
 #include <fmt/format.h>
 

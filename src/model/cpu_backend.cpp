@@ -1,0 +1,292 @@
+// DeepSeek-V4 step on the CPU, fp32 throughout (spec'd math: see README "Numerics").
+//
+//   X[t, k, :] = embed[token_t]                          k < hc (hyper-connection streams)
+//   per layer:  a = HCPre_attn(X);  X = HCPost(Attention(RMSNorm(a)), X)
+//               f = HCPre_ffn(X);   X = HCPost(MoE(RMSNorm(f), tokens), X)
+//   y = RMSNorm(HCHead(X));  logits = y · headᵀ   (rows that ask for logits)
+//
+// The step's rows come from any number of slots; every linear multiplies all
+// rows at once, attention/compressor/indexer run per slot over that slot's
+// state. Each row's arithmetic is independent of the other rows, so a sequence
+// gives the same bits alone and in any batch, and chunked prefill gives the
+// same bits as one prefill.
+#include "model/cpu_backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/error.h"
+#include "ops/compressor.h"
+#include "ops/hc.h"
+#include "ops/norm.h"
+
+namespace cm {
+
+namespace {
+
+template <typename T>
+void sized(std::vector<T>& v, int64_t n) {
+  v.assign(size_t(std::max<int64_t>(n, 1)), T{});
+}
+
+// True when any of the n values is NaN or ±Inf (exponent all ones); vectorises.
+bool any_non_finite(const float* p, int64_t n) {
+  uint32_t acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, p + i, 4);
+    acc |= uint32_t((u & 0x7f800000u) == 0x7f800000u);
+  }
+  return acc != 0;
+}
+
+HcParams hc_params(const Config& c, const HcWeights& w) {
+  return HcParams{w.fn.data(), w.base.data(), w.scale.data(), c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters,
+                  c.hc_eps, c.rms_norm_eps};
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const Model& m, const BackendOptions& opt) : m_(m), opt_(opt) {}
+
+// Floats of one slot's arena (layout_slot hands them out in the same order).
+size_t CpuBackend::slot_floats(const CacheShape& shape) const {
+  const Config& c = m_.config;
+  size_t n = 0;
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    n += size_t(c.sliding_window * c.head_dim);
+    const AttnKind k = c.attn_kinds[size_t(L)];
+    if (k == AttnKind::SLIDING) continue;
+    const int64_t m = c.ratio(L), cc = k == AttnKind::CSA ? 2 : 1, dc = c.head_dim;
+    n += size_t(2 * m * cc * dc + (cc == 2 ? 2 * m * dc : 0) + (shape.max_ctx / m) * dc);
+    if (k == AttnKind::CSA) {
+      const int64_t ih = c.index_head_dim;
+      n += size_t(2 * m * 2 * ih + 2 * m * ih + (shape.max_ctx / m) * ih);
+    }
+  }
+  return n;
+}
+
+size_t CpuBackend::bytes_per_slot(const CacheShape& shape) const { return slot_floats(shape) * sizeof(float); }
+
+void CpuBackend::layout_slot(SlotState& s) {
+  const Config& c = m_.config;
+  sized(s.arena, int64_t(slot_floats(shape_)));
+  s.layers.assign(size_t(c.num_layers), LayerSlot{});
+  float* p = s.arena.data();
+  auto take = [&](int64_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  auto comp = [&](CompressorSlot& cs, int64_t m, int64_t cc, int64_t dc) {
+    cs.pend_kv = take(m * cc * dc);
+    cs.pend_gate = take(m * cc * dc);
+    if (cc == 2) {
+      cs.prev_kv = take(m * dc);
+      cs.prev_gate = take(m * dc);
+    }
+    cs.entries = take((shape_.max_ctx / m) * dc);
+  };
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    LayerSlot& ls = s.layers[size_t(L)];
+    ls.window = take(c.sliding_window * c.head_dim);
+    const AttnKind k = c.attn_kinds[size_t(L)];
+    if (k == AttnKind::SLIDING) continue;
+    comp(ls.comp, c.ratio(L), k == AttnKind::CSA ? 2 : 1, c.head_dim);
+    if (k == AttnKind::CSA) comp(ls.index, c.ratio(L), 2, c.index_head_dim);
+  }
+  s.pos = 0;
+}
+
+void CpuBackend::reserve(const CacheShape& shape) {
+  const Config& c = m_.config;
+  if (shape.max_slots < 1) fail("reserve: max_slots must be >= 1 (got {})", shape.max_slots);
+  if (shape.max_step_tokens < 1) fail("reserve: max_step_tokens must be >= 1 (got {})", shape.max_step_tokens);
+  if (shape.max_ctx < 1 || shape.max_ctx > c.max_position_embeddings)
+    fail("reserve: context {} outside [1, {}] (the model's max_position_embeddings)", shape.max_ctx,
+         c.max_position_embeddings);
+  shape_ = shape;
+  threads_ = omp_get_max_threads();
+  slots_.assign(size_t(shape.max_slots), SlotState{});
+  for (SlotState& s : slots_) layout_slot(s);
+  pos_.assign(size_t(shape.max_slots), 0);
+
+  const int64_t N = shape.max_step_tokens, D = c.hidden_size, hc = c.hc_mult, H = c.num_heads, hd = c.head_dim;
+  const int64_t E = c.n_routed_experts, K = c.n_experts_per_tok, I = c.moe_inter;
+  const int64_t ih = c.index_head_dim, inh = c.index_n_heads, W = c.sliding_window;
+  CpuActivations& a = act_;
+  sized(a.x, N * hc * D);
+  sized(a.a, N * D), sized(a.normed, N * D), sized(a.out, N * D);
+  sized(a.post, N * hc), sized(a.comb, N * hc * hc);
+  sized(a.hc_scratch, int64_t(std::max(hc_pre_scratch_floats(hc, D, N), hc_head_scratch_floats(hc, D, N))));
+  sized(a.qr, N * c.q_lora_rank), sized(a.q, N * H * hd), sized(a.kv, N * hd), sized(a.o, N * H * hd);
+  sized(a.u, N * c.o_groups * c.o_lora_rank);
+  sized(a.ckv, N * 2 * hd), sized(a.cgate, N * 2 * hd);
+  sized(a.ikv, N * 2 * ih), sized(a.igate, N * 2 * ih), sized(a.iq, N * inh * ih), sized(a.iw, N * inh);
+  sized(a.sel, N * c.index_topk), sized(a.n_sel, N), sized(a.sel_score, N * c.index_topk);
+  sized(a.router, N * E), sized(a.eidx, N * K), sized(a.ew, N * K);
+  sized(a.ecount, E), sized(a.estart, E + 1), sized(a.erow, N * K), sized(a.eweight, N * K);
+  sized(a.xs, N * K * D), sized(a.g, N * K * I), sized(a.up, N * K * I), sized(a.y, N * K * D);
+  sized(a.routed, N * D), sized(a.head_in, N * hc * D), sized(a.final_y, N * D);
+  int64_t max_m = 1, max_entries = 0, max_ientries = 0;
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    const AttnKind k = c.attn_kinds[size_t(L)];
+    if (k == AttnKind::SLIDING) continue;
+    max_m = std::max(max_m, c.ratio(L));
+    max_entries = std::max(max_entries, k == AttnKind::CSA ? c.index_topk : shape.max_ctx / c.ratio(L));
+    if (k == AttnKind::CSA) max_ientries = std::max(max_ientries, shape.max_ctx / c.ratio(L));
+  }
+  sized(a.pool_kv, 2 * max_m * std::max(hd, ih)), sized(a.pool_gate, 2 * max_m * std::max(hd, ih));
+  sized(a.entry, std::max(hd, ih));
+  a.threads.assign(size_t(threads_), CpuActivations::Thread{});
+  for (auto& t : a.threads) {
+    sized(t.ent, W + max_entries);
+    sized(t.scores, H * (W + max_entries));
+    sized(t.iscore, max_ientries), sized(t.itopk, max_ientries);
+    sized(t.iscratch, inh * kIndexerChunk), sized(t.irows, kIndexerChunk);
+  }
+  sized(a.segs, shape.max_slots), sized(a.seg_of_row, N), sized(a.logit_rows, N);
+  const int64_t max_k = std::max({D, c.q_lora_rank, H * hd / c.o_groups, c.o_groups * c.o_lora_rank, I});
+  linear_cpu_reserve(max_k, N * K);
+}
+
+void CpuBackend::check_slot(int32_t slot, const char* what) const {
+  if (slots_.empty()) fail("{}: the backend has no reserved slots (call reserve first)", what);
+  if (slot < 0 || slot >= shape_.max_slots) fail("{}: slot {} outside [0, {})", what, slot, shape_.max_slots);
+}
+
+int64_t CpuBackend::slot_pos(int32_t slot) const {
+  check_slot(slot, "slot_pos");
+  return slots_[size_t(slot)].pos;
+}
+
+void CpuBackend::reset_slot(int32_t slot) {
+  check_slot(slot, "reset_slot");
+  slots_[size_t(slot)].pos = 0;
+  pos_[size_t(slot)] = 0;
+}
+
+void CpuBackend::copy_slot(int32_t from, int32_t to) {
+  check_slot(from, "copy_slot");
+  check_slot(to, "copy_slot");
+  if (from == to) return;
+  SlotState &src = slots_[size_t(from)], &dst = slots_[size_t(to)];
+  std::memcpy(dst.arena.data(), src.arena.data(), src.arena.size() * sizeof(float));
+  dst.pos = src.pos;
+  pos_[size_t(to)] = src.pos;
+}
+
+void CpuBackend::linear(const LinearWeight& w, const float* x, int64_t m, float* y, int64_t ldx, int64_t ldy,
+                        int64_t row0, int64_t rows) {
+  if (rows < 0) rows = w.out_features - row0;
+  if (ldx == 0) ldx = w.in_features;
+  if (ldy == 0) ldy = rows;
+  if (opt_.linear_inputs) opt_.linear_inputs->observe_input(w, x, m, ldx);
+  linear_cpu_rows(w, row0, rows, x, ldx, m, y, ldy, opt_.act_quant);
+}
+
+void CpuBackend::note_slot(const char* what, int64_t layer, const Segment& s, const float* data, int64_t rows,
+                           int64_t row_width, std::initializer_list<int64_t> inner) {
+  const bool bad = first_bad_.empty() && any_non_finite(data, rows * row_width);
+  if (!opt_.observer && !bad) return;
+  std::string name = layer >= 0 ? fmt::format("l{}.s{}.{}", layer, s.slot, what) : fmt::format("s{}.{}", s.slot, what);
+  if (bad) first_bad_ = name;
+  if (!opt_.observer) return;
+  std::vector<int64_t> shape{rows};
+  shape.insert(shape.end(), inner.begin(), inner.end());
+  opt_.observer->observe(name, data, shape);
+}
+
+void CpuBackend::note(const char* what, int64_t layer, const float* data, int64_t row_width,
+                      std::initializer_list<int64_t> inner) {
+  // One scan of the whole step first: the common case (no observer, all finite) costs one pass.
+  if (!opt_.observer && !(first_bad_.empty() && any_non_finite(data, batch_->n * row_width))) return;
+  for (int64_t i = 0; i < act_.n_segs; ++i) {
+    const Segment& s = act_.segs[size_t(i)];
+    note_slot(what, layer, s, data + s.row0 * row_width, s.n, row_width, inner);
+  }
+}
+
+void CpuBackend::step(const Batch& b, float* logits_out) {
+  const Config& c = m_.config;
+  const Weights& w = m_.weights;
+  const int64_t D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size, N = b.n;
+  check_batch(b, shape_, V, pos_.data());
+  batch_ = &b;
+  first_bad_.clear();
+  CpuActivations& a = act_;
+
+  // The batch as runs of one slot each.
+  int64_t& n_segs = a.n_segs;
+  n_segs = 0;
+  for (int64_t t = 0; t < N; ++t) {
+    if (t == 0 || b.slot[t] != b.slot[t - 1])
+      a.segs[size_t(n_segs++)] = Segment{b.slot[t], int32_t(t), 0, b.pos[t]};
+    a.segs[size_t(n_segs - 1)].n++;
+    a.seg_of_row[size_t(t)] = int32_t(n_segs - 1);
+  }
+
+  // Embedding, copied into every hyper-connection stream.
+  float* X = a.x.data();
+#pragma omp parallel for schedule(static) if (N * hc * D >= (int64_t(1) << 16))
+  for (int64_t t = 0; t < N; ++t) {
+    linear_expand_row(w.embed, b.token[t], X + t * hc * D);
+    for (int64_t k = 1; k < hc; ++k) std::memcpy(X + (t * hc + k) * D, X + t * hc * D, size_t(D) * 4);
+  }
+  note("embed", -1, X, hc * D, {hc, D});
+
+  float *A = a.a.data(), *normed = a.normed.data(), *out = a.out.data();
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    const LayerWeights& lw = w.layers[size_t(L)];
+    hc_pre_cpu(hc_params(c, lw.hc_attn), X, N, A, a.post.data(), a.comb.data(), a.hc_scratch.data());
+    rms_norm_cpu(A, lw.attn_norm.data(), N, D, c.rms_norm_eps, normed);
+    note("attn_in", L, normed, D, {D});
+    attention_block(*this, L, normed, out);
+    note("attn_out", L, out, D, {D});
+    hc_post_cpu(hc, D, out, a.post.data(), a.comb.data(), N, X);
+
+    hc_pre_cpu(hc_params(c, lw.hc_ffn), X, N, A, a.post.data(), a.comb.data(), a.hc_scratch.data());
+    rms_norm_cpu(A, lw.ffn_norm.data(), N, D, c.rms_norm_eps, normed);
+    note("moe_in", L, normed, D, {D});
+    moe_block(*this, L, normed, out);
+    note("moe_out", L, out, D, {D});
+    hc_post_cpu(hc, D, out, a.post.data(), a.comb.data(), N, X);
+    note("resid", L, X, hc * D, {hc, D});
+  }
+  for (int64_t i = 0; i < n_segs; ++i) {
+    const Segment& s = a.segs[size_t(i)];
+    slots_[size_t(s.slot)].pos = pos_[size_t(s.slot)] = s.pos0 + s.n;
+  }
+
+  // Final hyper-head, norm and LM head over the rows whose logits are wanted.
+  int64_t R = 0;
+  for (int64_t t = 0; t < N; ++t)
+    if (b.logits[t]) std::memcpy(a.head_in.data() + (R++) * hc * D, X + t * hc * D, size_t(hc * D) * 4);
+  if (R > 0) {
+    HcHeadParams hp{w.hc_head_fn.data(), w.hc_head_base.data(), w.hc_head_scale.data(), hc, D, c.hc_eps,
+                    c.rms_norm_eps};
+    float* y = a.final_y.data();
+    hc_head_cpu(hp, a.head_in.data(), R, y, a.hc_scratch.data());
+    rms_norm_cpu(y, w.norm.data(), R, D, c.rms_norm_eps, y);
+    linear(w.head, y, R, logits_out);
+    if (opt_.observer) {
+      opt_.observer->observe("final_norm", y, {R, D});
+      opt_.observer->observe("logits", logits_out, {R, V});
+    }
+    if (any_non_finite(logits_out, R * V))
+      fail("non-finite logits; the first intermediate that went non-finite is {} (run with --layer-stats for "
+           "every layer's statistics)",
+           first_bad_.empty() ? std::string("the LM head") : first_bad_);
+  }
+  batch_ = nullptr;
+}
+
+std::unique_ptr<ModelBackend> make_cpu_backend(const Model& m, const BackendOptions& opt) {
+  return std::make_unique<CpuBackend>(m, opt);
+}
+
+}  // namespace cm

@@ -1,0 +1,161 @@
+// The CPU backend: DeepSeek-V4 in fp32 behind the engine seam (engine/backend.h),
+// the reference every other backend is tested against.
+//
+// Per-slot state lives in one arena per slot, laid out identically for every
+// slot (so copy_slot is a copy of the used rows), sized by reserve():
+//   window ring   [W, hd]            row of position p at p mod W
+//   compressor    pending [m, c·dc] kv and gate rows of the open block (row p mod m,
+//                 gates with `ape` added), CSA overlap halves [m, dc] × 2,
+//                 entries [max_ctx/m, dc] (normed, RoPE'd; entry i covers block i)
+//   indexer keys  the same for the CSA indexer's own compressor (dc = index_head_dim)
+// The only counter is the slot's position: pending rows = pos mod m, entries =
+// pos / m, so nothing else needs to be kept in step with the schedule.
+//
+// Activations and scratch for max_step_tokens rows are preallocated too; a
+// step allocates nothing. cpu_backend.cpp holds the step top to bottom,
+// attention.cpp and moe.cpp the two blocks.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "model/model.h"
+
+namespace cm {
+
+// One compressor of one slot: views into the slot's arena.
+struct CompressorSlot {
+  float* pend_kv = nullptr;    // [m, width]   width = c·dc (c = 2 CSA, 1 HCA)
+  float* pend_gate = nullptr;  // [m, width]
+  float* prev_kv = nullptr;    // [m, dc]      CSA: A halves of the last complete block
+  float* prev_gate = nullptr;  // [m, dc]
+  float* entries = nullptr;    // [max_ctx/m, dc]
+};
+
+struct LayerSlot {
+  float* window = nullptr;  // [W, hd]
+  CompressorSlot comp;      // CSA/HCA layers
+  CompressorSlot index;     // CSA layers: indexer keys
+};
+
+struct SlotState {
+  std::vector<float> arena;
+  std::vector<LayerSlot> layers;
+  int64_t pos = 0;  // tokens held
+};
+
+// A run of one slot's tokens inside a step's batch.
+struct Segment {
+  int32_t slot = 0;
+  int32_t row0 = 0;  // first batch row
+  int32_t n = 0;     // rows
+  int64_t pos0 = 0;  // position of the first row
+};
+
+// Everything a step computes, [max_step_tokens, ...] unless noted (fp32).
+struct CpuActivations {
+  std::vector<float> x;           // [N, hc, D] residual streams
+  std::vector<float> a, normed, out;  // [N, D]
+  std::vector<float> post, comb;  // [N, hc], [N, hc, hc]
+  std::vector<float> hc_scratch;  // hc_pre / hc_head scratch
+  std::vector<float> qr;          // [N, ql]
+  std::vector<float> q;           // [N, H·hd]
+  std::vector<float> kv;          // [N, hd]
+  std::vector<float> o;           // [N, H·hd]  attention output (inverse-RoPE'd)
+  std::vector<float> u;           // [N, G·ol]  grouped wo_a output
+  std::vector<float> ckv, cgate;  // [N, 2·hd]  compressor projections
+  std::vector<float> ikv, igate;  // [N, 2·ihd] indexer compressor projections
+  std::vector<float> iq;          // [N, inh·ihd] indexer queries
+  std::vector<float> iw;          // [N, inh]   indexer head weights
+  std::vector<int32_t> sel;       // [N, topk]  indexer choice per token
+  std::vector<int32_t> n_sel;     // [N]
+  std::vector<float> sel_score;   // [N, topk]  scores of the chosen entries (observed)
+  std::vector<float> router;      // [N, E]
+  std::vector<int32_t> eidx;      // [N, K]     routed expert ids (global)
+  std::vector<float> ew;          // [N, K]     routing weights
+  std::vector<int32_t> ecount, estart;  // [E], [E+1]
+  std::vector<int32_t> erow;      // [N·K]      batch row of each (expert, slot) pair, grouped by expert
+  std::vector<float> eweight;     // [N·K]
+  std::vector<float> xs;          // [N·K, D]   gathered expert inputs
+  std::vector<float> g, up;       // [N·K, I]
+  std::vector<float> y;           // [N·K, D]
+  std::vector<float> routed;      // [N, D]     Σ routed experts (observed)
+  std::vector<float> head_in;     // [N, hc, D] rows whose logits are wanted
+  std::vector<float> final_y;     // [N, D]
+  std::vector<float> pool_kv, pool_gate;  // [2·max_m, max_dc] one entry's pooling slots
+  std::vector<float> entry;       // [max_dc]
+  // Per OpenMP thread: attention and indexer scratch.
+  struct Thread {
+    std::vector<const float*> ent;   // [W + entries]  attention rows
+    std::vector<float> scores;       // [H·(W + entries)]
+    std::vector<float> iscore;       // [max indexer entries]
+    std::vector<int32_t> itopk;      // [max indexer entries]
+    std::vector<float> iscratch;     // [inh·kIndexerChunk]
+    std::vector<const float*> irows; // [kIndexerChunk]
+  };
+  std::vector<Thread> threads;
+  std::vector<Segment> segs;       // [max_slots]
+  int64_t n_segs = 0;
+  std::vector<int32_t> seg_of_row; // [N]
+  std::vector<int32_t> logit_rows; // [N]
+};
+
+class CpuBackend final : public ModelBackend {
+ public:
+  CpuBackend(const Model& m, const BackendOptions& opt);
+  Device device() const override { return Device::CPU; }
+  void reserve(const CacheShape& shape) override;
+  const CacheShape& shape() const override { return shape_; }
+  size_t bytes_per_slot(const CacheShape& shape) const override;
+  int64_t slot_pos(int32_t slot) const override;
+  void reset_slot(int32_t slot) override;
+  void copy_slot(int32_t from, int32_t to) override;
+  void step(const Batch& batch, float* logits_out) override;
+
+  // Named intermediates: the observer (if any) sees each slot's rows as
+  // "l<L>.s<slot>.<what>"; the first non-finite one is remembered for the error.
+  // (Shapes are initializer lists so that a step without an observer allocates nothing.)
+  void note(const char* what, int64_t layer, const float* data, int64_t row_width,
+            std::initializer_list<int64_t> inner);
+  void note_slot(const char* what, int64_t layer, const Segment& s, const float* data, int64_t rows,
+                 int64_t row_width, std::initializer_list<int64_t> inner);
+
+  // y = x · W[row0 : row0+rows]ᵀ for m rows (x rows ldx apart, y rows ldy apart; 0 = dense)
+  // with the backend's activation mode; the calibration observer sees x first.
+  void linear(const LinearWeight& w, const float* x, int64_t m, float* y, int64_t ldx = 0, int64_t ldy = 0,
+              int64_t row0 = 0, int64_t rows = -1);
+
+  const Model& model() const { return m_; }
+  const BackendOptions& options() const { return opt_; }
+  const Batch& batch() const { return *batch_; }
+  CpuActivations& act() { return act_; }
+  SlotState& slot(int32_t s) { return slots_[size_t(s)]; }
+  int threads() const { return threads_; }
+
+ private:
+  void check_slot(int32_t slot, const char* what) const;
+  void layout_slot(SlotState& s);
+  size_t slot_floats(const CacheShape& shape) const;
+
+  const Model& m_;
+  BackendOptions opt_;
+  CacheShape shape_{0, 0, 0};
+  std::vector<SlotState> slots_;
+  std::vector<int64_t> pos_;  // slot positions, for check_batch
+  CpuActivations act_;
+  const Batch* batch_ = nullptr;
+  int threads_ = 1;
+  std::string first_bad_;  // first non-finite intermediate of the current step
+};
+
+// The two blocks of a layer over the step's rows (x: normed block input [n, D]).
+void attention_block(CpuBackend& be, int64_t layer, const float* x, float* out);
+void moe_block(CpuBackend& be, int64_t layer, const float* x, float* out);
+
+// Routing (spec'd in moe.cpp): for each row the K global expert ids and weights.
+void moe_route(const Config& c, const LayerWeights& lw, const int32_t* tokens, const float* logits, int64_t T,
+               int32_t* idx, float* weights);
+
+}  // namespace cm
