@@ -73,6 +73,12 @@ bool truthy(const Json& m, const char* key) {
   return true;
 }
 bool has_task(const Json& m) { return m.contains("task") && !m["task"].is_null(); }
+// The "type" of a content part or block: its string value, "" when v is not an object or has no
+// string "type" (json's value() would throw a bare type_error on a non-string).
+std::string type_of(const Json& v) {
+  if (!v.is_object() || !v.contains("type") || !v["type"].is_string()) return "";
+  return v["type"].get<std::string>();
+}
 
 // Message content: string, null, or an array of {"type": "text", "text": ...} parts.
 std::string text_of(const Json& c) {
@@ -81,8 +87,9 @@ std::string text_of(const Json& c) {
   CM_CHECK(c.is_array(), "chat: message content must be a string, null or an array of parts");
   std::string out;
   for (const Json& part : c) {
-    CM_CHECK(part.is_object() && part.value("type", "") == "text",
-             "chat: content part of type '{}' is not supported", part.is_object() ? part.value("type", "?") : "?");
+    CM_CHECK(part.is_object() && part.contains("type") && part["type"].is_string(),
+             "chat: a content part must be an object with a string \"type\"");
+    CM_CHECK(type_of(part) == "text", "chat: content part of type '{}' is not supported", type_of(part));
     out += str_field(part, "text");
   }
   return out;
@@ -95,6 +102,7 @@ std::string replace_all(std::string s, std::string_view from, std::string_view t
 }
 
 std::string render_tools(const Json& tools) {
+  CM_CHECK(tools.is_array(), "chat: tools must be a list of {{\"type\": \"function\", \"function\": {{...}}}}");
   std::string schemas;
   for (size_t i = 0; i < tools.size(); ++i) {
     CM_CHECK(tools[i].is_object() && tools[i].contains("function"),
@@ -147,6 +155,7 @@ std::string dsml_parameters(const Json& arguments) {
 }
 
 std::string dsml_tool_calls(const Json& calls) {
+  CM_CHECK(calls.is_array(), "chat: tool_calls must be a list");
   std::string inner;
   for (size_t i = 0; i < calls.size(); ++i) {
     const Json& c = calls[i];
@@ -216,7 +225,7 @@ void sort_tool_results(Json& messages) {
     } else if (role == "user" && truthy(m, "content_blocks")) {
       std::vector<Json> results;
       for (const Json& b : m["content_blocks"])
-        if (b.value("type", "") == "tool_result") results.push_back(b);
+        if (type_of(b) == "tool_result") results.push_back(b);
       if (results.size() < 2 || order.empty()) continue;
       auto rank = [&](const Json& b) {
         std::string id = b.contains("tool_use_id") ? id_string(b["tool_use_id"]) : "";
@@ -227,7 +236,7 @@ void sort_tool_results(Json& messages) {
       std::stable_sort(results.begin(), results.end(), [&](const Json& a, const Json& b) { return rank(a) < rank(b); });
       size_t k = 0;
       for (Json& b : m["content_blocks"])
-        if (b.value("type", "") == "tool_result") b = results[k++];
+        if (type_of(b) == "tool_result") b = results[k++];
     }
   }
 }
@@ -265,7 +274,7 @@ std::string tool_result_text(const Json& c) {
   CM_CHECK(c.is_array(), "chat: tool result content must be a string or an array of parts");
   std::string out;
   for (size_t i = 0; i < c.size(); ++i) {
-    std::string type = c[i].is_object() ? c[i].value("type", "") : "";
+    std::string type = type_of(c[i]);
     if (i) out += "\n\n";
     out += type == "text" ? str_field(c[i], "text") : fmt::format("[Unsupported {}]", type);
   }
@@ -277,7 +286,7 @@ std::string render_user(const Json& m) {
   if (!truthy(m, "content_blocks")) return out + text_of(m.contains("content") ? m["content"] : Json());
   bool first = true;
   for (const Json& b : m["content_blocks"]) {
-    std::string type = b.value("type", "");
+    std::string type = type_of(b);
     std::string part;
     if (type == "text") part = text_of(b.contains("text") ? b["text"] : Json());
     else if (type == "tool_result") part = "<tool_result>" + tool_result_text(b.contains("content") ? b["content"] : Json("")) + "</tool_result>";
