@@ -20,12 +20,20 @@ const std::string& dsml_open() {
 }
 }  // namespace
 
+size_t ChatStreamer::Finder::find(std::string_view hay, std::string_view pat) {
+  if (pos != std::string_view::npos) return pos;
+  const size_t from = scanned >= pat.size() ? scanned - pat.size() + 1 : 0;
+  pos = hay.find(pat, from);
+  scanned = hay.size();
+  return pos;
+}
+
 void ChatStreamer::safe_views(bool final, std::string_view* reasoning, std::string_view* content) const {
   std::string_view all = all_;
   *reasoning = {};
   *content = {};
   if (mode_ == chat::Mode::Thinking) {
-    const size_t p = all.find(chat::kThinkEnd);
+    const size_t p = think_end_.find(all, chat::kThinkEnd);
     if (p == std::string_view::npos) {
       *reasoning = all.substr(0, all.size() - (final ? 0 : chat::partial_suffix_len(all, chat::kThinkEnd)));
       return;
@@ -33,8 +41,8 @@ void ChatStreamer::safe_views(bool final, std::string_view* reasoning, std::stri
     *reasoning = all.substr(0, p);
     all.remove_prefix(p + chat::kThinkEnd.size());
   }
-  const size_t calls = all.find(calls_start());
-  size_t end = std::min(calls, all.find(dsml_open()));
+  const size_t calls = calls_.find(all, calls_start());
+  size_t end = std::min(calls, dsml_.find(all, dsml_open()));
   if (end != std::string_view::npos && calls == std::string_view::npos && !final) {
     // "<｜DSML｜" complete but not yet the whole "\n\n<｜DSML｜tool_calls": the newlines before it
     // may still belong to the block's opening.

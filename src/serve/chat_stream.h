@@ -39,7 +39,14 @@ class ChatStreamer {
   void safe_views(bool final, std::string_view* reasoning, std::string_view* content) const;
   Delta take(std::string_view reasoning, std::string_view content);
   chat::Mode mode_;
+  // A search over text that only grows at its end: resumes where the last one stopped (less the
+  // pattern's length), so streaming N pieces stays linear in the text instead of quadratic.
+  struct Finder {
+    size_t pos = std::string_view::npos, scanned = 0;
+    size_t find(std::string_view hay, std::string_view pat);
+  };
   std::string all_;
+  mutable Finder think_end_, calls_, dsml_;
   size_t sent_reasoning_ = 0, sent_content_ = 0;
 };
 
