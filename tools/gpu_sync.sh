@@ -8,7 +8,7 @@ SRC=$(cd "$(dirname "$0")/.." && pwd)
 DST=${1:-/work/main/.gpuwork}
 rm -rf "$DST"
 mkdir -p "$DST/third_party/include" "$DST/third_party/googletest"
-(cd "$SRC" && tar --exclude='./build*' --exclude=./.git --exclude=./third_party -cf - .) | (cd "$DST" && tar -xf -)
+(cd "$SRC" && tar --exclude='./build*' --exclude=./.git --exclude=./third_party --exclude=./.gpuwork --exclude=./.venv -cf - .) | (cd "$DST" && tar -xf -)
 cp -a /usr/include/fmt /usr/include/CLI /usr/include/nlohmann "$DST/third_party/include/"
 cp -a /usr/src/googletest/googletest/. "$DST/third_party/googletest/"
 # The clawmine binary also needs PCRE2 (header + x86-64 shared library).

@@ -83,60 +83,63 @@ class ThreadComm final : public Comm {
 
   void all_reduce_sum(void* buf, int64_t n, CommType t) override {
     post(buf, nullptr, n, "all_reduce_sum");
+    const std::string err = counts_error(n, "all_reduce_sum");
     tmp_.resize(size_t(n * comm_type_bytes(t)));
-    rank_order_sum(*g_, 0, n, tmp_.data(), t);
-    g_->barrier(rank_, "all_reduce_sum");  // every peer has read buf
+    if (err.empty()) rank_order_sum(*g_, 0, n, tmp_.data(), t);
+    finish("all_reduce_sum", err);  // every peer has read buf
     std::memcpy(buf, tmp_.data(), tmp_.size());
   }
 
   void all_gather(const void* send, int64_t n, void* recv, CommType t) override {
     post(send, nullptr, n, "all_gather");
+    const std::string err = counts_error(n, "all_gather");
     const int64_t b = comm_type_bytes(t);
-    for (int r = 0; r < g_->ranks; ++r) {
-      check_count(r, n, "all_gather");
+    for (int r = 0; r < g_->ranks && err.empty(); ++r)
       std::memcpy(static_cast<char*>(recv) + r * n * b, g_->posted[size_t(r)].send, size_t(n * b));
-    }
-    g_->barrier(rank_, "all_gather");
+    finish("all_gather", err);
   }
 
   void all_gatherv(const void* send, const int64_t* counts, void* recv, CommType t) override {
     post(send, counts, counts[rank_], "all_gatherv");
+    std::string err;
+    for (int r = 0; r < g_->ranks && err.empty(); ++r) err = count_error(r, counts[r], "all_gatherv");
     const int64_t b = comm_type_bytes(t);
     int64_t off = 0;
-    for (int r = 0; r < g_->ranks; ++r) {
-      check_count(r, counts[r], "all_gatherv");
+    for (int r = 0; r < g_->ranks && err.empty(); ++r) {
       char* dst = static_cast<char*>(recv) + off * b;
       if (dst != g_->posted[size_t(r)].send)  // in place: this rank's block already sits in recv
         std::memcpy(dst, g_->posted[size_t(r)].send, size_t(counts[r] * b));
       off += counts[r];
     }
-    g_->barrier(rank_, "all_gatherv");
+    finish("all_gatherv", err);
   }
 
   void reduce_scatter_sum(const void* send, int64_t n, void* recv, CommType t) override {
     post(send, nullptr, n, "reduce_scatter_sum");
-    for (int r = 0; r < g_->ranks; ++r) check_count(r, n, "reduce_scatter_sum");
-    rank_order_sum(*g_, rank_ * n, n, recv, t);
-    g_->barrier(rank_, "reduce_scatter_sum");
+    const std::string err = counts_error(n, "reduce_scatter_sum");
+    if (err.empty()) rank_order_sum(*g_, rank_ * n, n, recv, t);
+    finish("reduce_scatter_sum", err);
   }
 
   void all_to_allv(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
                    CommType t) override {
     post(send, send_counts, 0, "all_to_allv");
+    std::string err;
+    for (int q = 0; q < g_->ranks && err.empty(); ++q)
+      if (g_->posted[size_t(q)].counts[rank_] != recv_counts[q])
+        err = fmt::format("ThreadComm rank {}: all_to_allv expects {} elements from rank {}, which sends {}", rank_,
+                          recv_counts[q], q, g_->posted[size_t(q)].counts[rank_]);
     const int64_t b = comm_type_bytes(t);
     int64_t roff = 0;
-    for (int q = 0; q < g_->ranks; ++q) {
+    for (int q = 0; q < g_->ranks && err.empty(); ++q) {
       const Posted& p = g_->posted[size_t(q)];
       int64_t soff = 0;
       for (int j = 0; j < rank_; ++j) soff += p.counts[j];
-      if (p.counts[rank_] != recv_counts[q])
-        fail("ThreadComm rank {}: all_to_allv expects {} elements from rank {}, which sends {}", rank_,
-             recv_counts[q], q, p.counts[rank_]);
       std::memcpy(static_cast<char*>(recv) + roff * b, static_cast<const char*>(p.send) + soff * b,
                   size_t(recv_counts[q] * b));
       roff += recv_counts[q];
     }
-    g_->barrier(rank_, "all_to_allv");
+    finish("all_to_allv", err);
   }
 
  private:
@@ -144,9 +147,21 @@ class ThreadComm final : public Comm {
     g_->posted[size_t(rank_)] = Posted{send, counts, n};
     g_->barrier(rank_, what);
   }
-  void check_count(int r, int64_t n, const char* what) const {
-    if (g_->posted[size_t(r)].n != n)
-      fail("ThreadComm rank {}: {} of {} elements, but rank {} gives {}", rank_, what, n, r, g_->posted[size_t(r)].n);
+  // Counts are checked before any copy. A rank that finds a mismatch still joins the
+  // closing barrier before it throws: until then its peers may be reading its buffers.
+  std::string count_error(int r, int64_t n, const char* what) const {
+    if (g_->posted[size_t(r)].n == n) return {};
+    return fmt::format("ThreadComm rank {}: {} of {} elements, but rank {} gives {}", rank_, what, n, r,
+                       g_->posted[size_t(r)].n);
+  }
+  std::string counts_error(int64_t n, const char* what) const {
+    for (int r = 0; r < g_->ranks; ++r)
+      if (std::string e = count_error(r, n, what); !e.empty()) return e;
+    return {};
+  }
+  void finish(const char* what, const std::string& err) {
+    g_->barrier(rank_, what);
+    if (!err.empty()) fail("{}", err);
   }
 
   std::shared_ptr<Group> g_;

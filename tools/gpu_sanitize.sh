@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs compute-sanitizer over the GPU test binary on the device machine:
+# memcheck over every test, and racecheck over groups of test suites run side by
+# side (racecheck is slow: one process per group keeps each under the limit).
+# Writes one log per run to OUTDIR and prints each tool's summary line.
+# Usage: tools/gpu_sanitize.sh BUILD_DIR OUTDIR [SECONDS_PER_RUN]   (from the repo root)
+set -uo pipefail
+B=${1:?build dir}
+O=${2:?output dir}
+T=${3:-480}
+mkdir -p "$O"
+bin="$B/clawmine_gpu_tests"
+san() {  # san NAME TOOL FILTER
+  timeout "$T" compute-sanitizer --tool "$2" --print-limit 50 "$bin" --gtest_filter="$3" >"$O/$1.log" 2>&1
+  echo "rc=$?" >>"$O/$1.log"
+}
+san memcheck memcheck '*' &
+for g in 'GpuNvfp4Linear.*' 'GpuFp8Linear.*:GpuMxfp4Linear.*' 'GpuNvfp4Moe.*:GpuMxfp4Moe.*' 'GpuOps.*' \
+  '*Seam*:GpuContext.*:NcclComm.*'; do
+  name="racecheck_$(echo "$g" | tr -c 'A-Za-z0-9\n' '_' | cut -c1-40)"
+  san "$name" racecheck "$g" &
+done
+wait
+for f in "$O"/*.log; do
+  echo "== $(basename "$f"): $(grep -E '^\[  PASSED|^\[  FAILED|ERROR SUMMARY|RACECHECK SUMMARY|^rc=' "$f" | tr '\n' ' ')"
+done
