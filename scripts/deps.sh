@@ -3,13 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev
       libgtest-dev libgmock-dev libcpp-httplib-dev python3 python3-venv)
-missing=()
-for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+bash "$(dirname "$0")/apt_install.sh" "${pkgs[@]}"
 
 # Python test tools (the tokenizer differential test runs Hugging Face `tokenizers` next to ours;
 # the server tests and tools/load_test.py use the official `openai` client under pytest) live in a

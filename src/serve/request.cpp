@@ -224,7 +224,20 @@ void parse_chat(const Json& j, ApiRequest& r) {
   }
 }
 
-ApiError internal_to_400(const std::exception& e) { return ApiError{400, "invalid_request_error", e.what(), ""}; }
+// Runs one parse into a fresh result: a Bad becomes its own error, any other exception a 400
+// carrying its message (a request never escapes as a 500 or a crash).
+template <typename Out, typename F>
+Out guarded(F&& f) {
+  Out out;
+  try {
+    f(out);
+  } catch (const Bad& b) {
+    out.error = b.e;
+  } catch (const std::exception& e) {
+    out.error = ApiError{400, "invalid_request_error", e.what(), ""};
+  }
+  return out;
+}
 
 // The chat messages with the request's tools and response_format attached to the system message
 // (the DeepSeek-V4 encoding renders them there); a system message is added when there is none.
@@ -240,8 +253,7 @@ Json chat_messages(const ApiRequest& r) {
 }  // namespace
 
 ParseResult parse_request(std::string_view body, Endpoint ep, const RequestDefaults& defaults) {
-  ParseResult out;
-  try {
+  return guarded<ParseResult>([&](ParseResult& out) {
     Json j = parse_object(body);
     ApiRequest r;
     r.endpoint = ep;
@@ -249,17 +261,11 @@ ParseResult parse_request(std::string_view body, Endpoint ep, const RequestDefau
     if (ep == Endpoint::Chat) parse_chat(j, r);
     else parse_completions(j, r);
     out.request = std::move(r);
-  } catch (const Bad& b) {
-    out.error = b.e;
-  } catch (const std::exception& e) {
-    out.error = internal_to_400(e);
-  }
-  return out;
+  });
 }
 
 PromptResult build_prompt(const ApiRequest& r, const Tokenizer& tok, int64_t ctx, const RequestDefaults& d) {
-  PromptResult out;
-  try {
+  return guarded<PromptResult>([&](PromptResult& out) {
     Prompt p;
     if (r.endpoint == Endpoint::Chat) {
       chat::ChatOptions co;
@@ -289,17 +295,11 @@ PromptResult build_prompt(const ApiRequest& r, const Tokenizer& tok, int64_t ctx
       p.max_tokens = r.endpoint == Endpoint::Chat ? ctx - n : std::min(d.completions_max_tokens, ctx - n);
     }
     out.prompt = std::move(p);
-  } catch (const Bad& b) {
-    out.error = b.e;
-  } catch (const std::exception& e) {
-    out.error = internal_to_400(e);
-  }
-  return out;
+  });
 }
 
 TokenizeParse parse_tokenize(std::string_view body) {
-  TokenizeParse out;
-  try {
+  return guarded<TokenizeParse>([&](TokenizeParse& out) {
     Json j = parse_object(body);
     TokenizeRequest r;
     for (const char* k : {"prompt", "content"})
@@ -311,17 +311,11 @@ TokenizeParse parse_tokenize(std::string_view body) {
     if (!r.text && r.messages.is_null()) bad("prompt", "'prompt' (or 'messages') is required");
     if (has(j, "add_special_tokens")) r.add_special = boolean(j, "add_special_tokens");
     out.request = std::move(r);
-  } catch (const Bad& b) {
-    out.error = b.e;
-  } catch (const std::exception& e) {
-    out.error = internal_to_400(e);
-  }
-  return out;
+  });
 }
 
 DetokenizeParse parse_detokenize(std::string_view body, int64_t vocab) {
-  DetokenizeParse out;
-  try {
+  return guarded<DetokenizeParse>([&](DetokenizeParse& out) {
     Json j = parse_object(body);
     if (!has(j, "tokens") || !j["tokens"].is_array()) bad("tokens", "'tokens' must be an array of token ids");
     for (const Json& t : j["tokens"]) {
@@ -329,12 +323,7 @@ DetokenizeParse parse_detokenize(std::string_view body, int64_t vocab) {
         bad("tokens", fmt::format("every token must be an integer id in [0, {})", vocab));
       out.tokens.push_back(int32_t(t.get<int64_t>()));
     }
-  } catch (const Bad& b) {
-    out.error = b.e;
-  } catch (const std::exception& e) {
-    out.error = internal_to_400(e);
-  }
-  return out;
+  });
 }
 
 std::string error_json(const ApiError& e) {
