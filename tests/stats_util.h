@@ -1,0 +1,67 @@
+// Observers the stats tests share (CPU suite and GPU suite): a stats observer
+// that records every statistic it is given (per stream for [T, K, D] tensors,
+// whole otherwise), and a tensor observer that records the full tensors, from
+// which the test computes the same statistics with a plain loop.
+#pragma once
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "model/observer.h"
+
+namespace cm::test {
+
+struct StatsRecord {
+  std::string name;
+  std::vector<TensorStats> stats;
+};
+
+struct StatsRecorder : Observer {
+  std::vector<StatsRecord> seen;
+  bool wants_tensors() const override { return false; }
+  StatsScope stats_scope(const std::string&, const std::vector<int64_t>& shape) const override {
+    return shape.size() == 3 ? StatsScope::PER_STREAM : StatsScope::WHOLE;
+  }
+  void observe_stats(const std::string& name, const std::vector<TensorStats>& stats) override {
+    seen.push_back(StatsRecord{name, stats});
+  }
+};
+
+// The reference: the same scopes as StatsRecorder, computed from the whole host tensor
+// element by element (no shared code with the stats op).
+struct TensorStatsReference : Observer {
+  std::vector<StatsRecord> seen;
+  void observe(const std::string& name, const float* data, const std::vector<int64_t>& shape) override {
+    const bool per_stream = shape.size() == 3;
+    const int64_t T = shape[0], K = per_stream ? shape[1] : 1;
+    int64_t inner = 1;
+    for (size_t i = per_stream ? 2 : 1; i < shape.size(); ++i) inner *= shape[i];
+    StatsRecord r{name, {}};
+    for (int64_t k = 0; k < K; ++k) {
+      TensorStats s;
+      double sum = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < inner; ++i) {
+          const float v = data[(t * K + k) * inner + i];
+          if (std::isnan(v)) ++s.nan;
+          else if (std::isinf(v)) ++s.inf;
+          else {
+            s.amax = std::fmax(s.amax, std::fabs(v));
+            sum += v;
+            ++s.count;
+          }
+        }
+      s.mean = s.count ? sum / double(s.count) : 0.0;
+      r.stats.push_back(s);
+    }
+    seen.push_back(std::move(r));
+  }
+};
+
+inline std::vector<std::string> names_of(const std::vector<StatsRecord>& v) {
+  std::vector<std::string> n;
+  for (const StatsRecord& r : v) n.push_back(r.name);
+  return n;
+}
+
+}  // namespace cm::test
