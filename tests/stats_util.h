@@ -7,7 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
+#include "engine/backend.h"
+#include "model/model.h"
 #include "model/observer.h"
+#include "step_util.h"
 
 namespace cm::test {
 
@@ -62,6 +66,32 @@ inline std::vector<std::string> names_of(const std::vector<StatsRecord>& v) {
   std::vector<std::string> n;
   for (const StatsRecord& r : v) n.push_back(r.name);
   return n;
+}
+
+inline const StatsRecord* first_non_finite(const std::vector<StatsRecord>& v) {
+  for (const StatsRecord& r : v)
+    for (const TensorStats& s : r.stats)
+      if (s.nan + s.inf > 0) return &r;
+  return nullptr;
+}
+
+// hf_text with a NaN in layer 1's attention norm weight, 3 tokens into slot 1 on device d: the
+// statistics a StatsRecorder received; `threw` tells whether the step threw (it should).
+inline std::vector<StatsRecord> nan_weight_stats(const std::string& data_dir, Device d, bool& threw) {
+  auto m = model_load(data_dir + "/golden/hf_text");
+  m->weights.layers[1].attn_norm[3] = std::nanf("");
+  StatsRecorder stats;
+  BackendOptions opt;
+  opt.observer = &stats;
+  auto be = reserved_backend(*m, d, 2, 8, 16, opt);
+  std::vector<int32_t> toks = {5, 9, 3};
+  threw = false;
+  try {
+    feed_chunks(*be, 1, toks.data(), 3, 0, m->config.vocab_size);
+  } catch (const Error&) {
+    threw = true;
+  }
+  return stats.seen;
 }
 
 }  // namespace cm::test
