@@ -274,3 +274,30 @@ TEST(Cli, InputFilesMustBeRegular) {
     EXPECT_NE(g.err.find("is a directory"), std::string::npos) << g.err;
   }
 }
+
+// --gpu-memory-utilization on every command that takes --device: accepted in (0, 1] (a CPU run
+// ignores it), anything else is a usage error naming the flag and the range; the environment
+// mirror is checked the same way.
+TEST(Cli, GpuMemoryUtilizationIsAcceptedAndRangeChecked) {
+  const std::string out = (scratch("gmu") / "l.safetensors").string();
+  Result ok = run("logits -m " + kModel + " --tokens 5,17 --device cpu --gpu-memory-utilization 0.5 -o " + out);
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  Result one = run("logits -m " + kModel + " --tokens 5,17 --device cpu --gpu-memory-utilization 1 -o " + out);
+  EXPECT_EQ(one.code, 0) << one.err;
+  for (const char* cmd : {"logits --tokens 5,17 -o ", "generate --tokens 5 -n 1", "chat", "perplexity -f MODEL/config.json",
+                          "serve"}) {
+    for (const char* bad : {"0", "1.5", "-0.1", "nan", "x"}) {
+      std::string c = std::string(cmd) + (std::string(cmd).find("-o ") != std::string::npos ? out : std::string());
+      if (size_t at = c.find("MODEL"); at != std::string::npos) c.replace(at, 5, kModel);
+      Result r = run(c + " -m " + kModel + " --device cpu --gpu-memory-utilization " + bad);
+      EXPECT_EQ(r.code, 1) << c << " " << bad << "\n" << r.err;
+      EXPECT_NE(r.err.find("--gpu-memory-utilization"), std::string::npos) << c << " " << bad << "\n" << r.err;
+      EXPECT_NE(r.err.find("(0, 1]"), std::string::npos) << c << " " << bad << "\n" << r.err;
+    }
+  }
+  ::setenv("CLAWMINE_GPU_MEMORY_UTILIZATION", "2", 1);
+  Result env = run("logits -m " + kModel + " --tokens 5,17 --device cpu -o " + out);
+  ::unsetenv("CLAWMINE_GPU_MEMORY_UTILIZATION");
+  EXPECT_EQ(env.code, 1) << env.err;
+  EXPECT_NE(env.err.find("(0, 1]"), std::string::npos) << env.err;
+}

@@ -65,6 +65,25 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
   app.add_option("--device", o.device, "Where the model runs: auto (cuda when a GPU is present), cpu or cuda")
       ->envname("CLAWMINE_DEVICE")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
+                 "CUDA: the fraction of the GPU's total memory clawmine may use for weights, per-sequence state, "
+                 "activations and workspaces, in (0, 1] (default 0.9); a model that does not fit in "
+                 "min(free, fraction x total) is refused")
+      ->envname("CLAWMINE_GPU_MEMORY_UTILIZATION")
+      ->check(CLI::Validator(
+          [](const std::string& v) -> std::string {
+            // The value is parsed by the option itself; here only the range (NaN fails it too).
+            double u = 0;
+            try {
+              size_t used = 0;
+              u = std::stod(v, &used);
+              if (used != v.size()) return "must be a number in (0, 1] (got '" + v + "')";
+            } catch (const std::exception&) {
+              return "must be a number in (0, 1] (got '" + v + "')";
+            }
+            return u > 0 && u <= 1 ? std::string() : "must be in (0, 1] (got " + v + ")";
+          },
+          "FRACTION in (0, 1]", "fraction"));
 }
 
 void add_sampling_options(CLI::App& app, SamplingParams& sp, int64_t& seed) {
@@ -147,6 +166,7 @@ std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& 
   BackendOptions bo;
   bo.observer = o.layer_stats ? stats : nullptr;
   bo.act_quant = o.act_quant == "nvfp4" ? ActQuant::NVFP4 : ActQuant::NONE;
+  bo.gpu_memory_utilization = o.gpu_memory_utilization;
   const Device d = o.device == "cpu"    ? Device::CPU
                    : o.device == "cuda" ? Device::CUDA
                                         : (gpu_present() ? Device::CUDA : Device::CPU);

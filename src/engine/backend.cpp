@@ -59,7 +59,13 @@ bool device_available(Device d) {
 #endif
 }
 
+void check_backend_options(const BackendOptions& opt) {
+  const double u = opt.gpu_memory_utilization;
+  if (!(u > 0 && u <= 1)) fail("gpu_memory_utilization must be in (0, 1] (got {})", u);
+}
+
 std::unique_ptr<ModelBackend> make_backend(const Model& m, Device d, const BackendOptions& opt) {
+  check_backend_options(opt);
   if (d == Device::CPU) return make_cpu_backend(m, opt);
 #if CLAWMINE_HAVE_CUDA
   if (!cuda_backend_available()) fail("--device cuda: no CUDA device is present (the CPU backend is --device cpu)");

@@ -54,6 +54,10 @@ struct LinearInputObserver {
 // Behaviour of a backend, fixed when it is made.
 struct BackendOptions {
   Observer* observer = nullptr;                  // sees every named intermediate (--layer-stats, dumps)
+  // CUDA: the fraction of the device's total memory the backend may use (weights, per-slot state,
+  // activations, workspaces), in (0, 1]; loading and reserve() refuse what does not fit in
+  // min(free, utilization·total) (vLLM's --gpu-memory-utilization).
+  double gpu_memory_utilization = 0.9;
   LinearInputObserver* linear_inputs = nullptr;  // CPU: sees every linear's input (calibration)
   ActQuant act_quant = ActQuant::NONE;           // CPU: W4A4 emulation of NVFP4 linears
   // CPU: expert parallelism over ep_comm's ranks (null or one rank: off). Rank r owns the
@@ -97,7 +101,10 @@ bool device_available(Device d);
 // device node. Cheap: it does not initialise CUDA (a CPU run never pays for it).
 bool gpu_present();
 
-// The backend for a device. CUDA throws when the build has no CUDA or no GPU is present.
+// Throws naming the field when an option is out of range (gpu_memory_utilization outside (0, 1]).
+void check_backend_options(const BackendOptions& opt);
+
+// The backend for a device (its options checked first). CUDA throws when the build has no CUDA or no GPU is present.
 std::unique_ptr<ModelBackend> make_backend(const Model& m, Device d, const BackendOptions& opt = {});
 
 // Checks a batch against the reserved shape and the slots' positions (shared by every

@@ -222,7 +222,7 @@ void CpuBackend::note_slot(const char* what, int64_t layer, const Segment& s, co
   if (!opt_.observer) return;
   std::vector<int64_t> shape{rows};
   shape.insert(shape.end(), inner.begin(), inner.end());
-  opt_.observer->observe(name, data, shape);
+  observe_host(*opt_.observer, name, data, shape);
 }
 
 void CpuBackend::note(const char* what, int64_t layer, const float* data, int64_t row_width,
@@ -298,8 +298,8 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
     rms_norm_cpu(y, w.norm.data(), R, D, c.rms_norm_eps, y);
     linear(w.head, y, R, logits_out);
     if (opt_.observer) {
-      opt_.observer->observe("final_norm", y, {R, D});
-      opt_.observer->observe("logits", logits_out, {R, V});
+      observe_host(*opt_.observer, "final_norm", y, {R, D});
+      observe_host(*opt_.observer, "logits", logits_out, {R, V});
     }
     if (any_non_finite(logits_out, R * V))
       fail("non-finite logits; the first intermediate that went non-finite is {} (run with --layer-stats for "

@@ -1,62 +1,74 @@
+// The observer's shared parts: where a scope's statistics read a tensor, the
+// host path every backend can use, and --layer-stats' printing (observer.h).
 #include "model/observer.h"
 
-#include <cmath>
+#include <algorithm>
 
 namespace cm {
 
-TensorStats tensor_stats(const float* data, int64_t count, int64_t stride) {
-  TensorStats s;
-  double sum = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    float v = data[i * stride];
-    if (std::isnan(v)) {
-      ++s.nan;
-      continue;
-    }
-    if (std::isinf(v)) {
-      ++s.inf;
-      continue;
-    }
-    s.amax = std::max(s.amax, std::fabs(v));
-    sum += v;
-    ++s.count;
+StatsLayout stats_layout(const std::vector<int64_t>& shape, StatsScope scope) {
+  StatsLayout l;
+  if (scope == StatsScope::PER_STREAM && shape.size() >= 3) {
+    int64_t inner = 1;
+    for (size_t i = 2; i < shape.size(); ++i) inner *= shape[i];
+    l.streams = shape[1];
+    l.rows = shape[0];
+    l.len = inner;
+    l.stride = shape[1] * inner;
+    l.offset = inner;
+  } else {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    l.rows = n > 0 ? 1 : 0;
+    l.len = l.stride = std::max<int64_t>(n, 1);
   }
-  s.mean = s.count ? sum / double(s.count) : 0.0;
-  return s;
+  if (l.len == 0) l.rows = 0, l.len = 1;  // an empty stream: no values
+  return l;
 }
 
-static void print_stats(std::FILE* out, const std::string& label, const TensorStats& s) {
+std::vector<TensorStats> host_stats(const float* data, const std::vector<int64_t>& shape, StatsScope scope) {
+  const StatsLayout l = stats_layout(shape, scope);
+  std::vector<TensorStats> out;
+  out.reserve(size_t(l.streams));
+  for (int64_t k = 0; k < l.streams; ++k) out.push_back(tensor_stats_cpu(data + k * l.offset, l.rows, l.len, l.stride));
+  return out;
+}
+
+void observe_host(Observer& o, const std::string& name, const float* data, const std::vector<int64_t>& shape) {
+  if (o.wants_tensors()) {
+    o.observe(name, data, shape);
+    return;
+  }
+  const StatsScope scope = o.stats_scope(name, shape);
+  if (scope != StatsScope::NONE) o.observe_stats(name, host_stats(data, shape, scope));
+}
+
+namespace {
+
+bool ends_with(const std::string& name, const char* suffix) {
+  const std::string s(suffix);
+  return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+}
+
+void print_stats(std::FILE* out, const std::string& label, const TensorStats& s) {
   std::fprintf(out, "%-24s amax %-12.5g mean %-12.5g nan %lld inf %lld%s\n", label.c_str(), double(s.amax), s.mean,
                (long long)s.nan, (long long)s.inf, (s.nan || s.inf) ? "   <-- non-finite" : "");
 }
 
-void LayerStatsObserver::observe(const std::string& name, const float* data, const std::vector<int64_t>& shape) {
-  auto ends_with = [&](const char* suf) {
-    std::string s(suf);
-    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-  };
-  if (ends_with(".resid") && shape.size() == 3) {
-    // Per stream k: values X[t, k, :] over all tokens t.
-    const int64_t T = shape[0], hc = shape[1], D = shape[2];
-    for (int64_t k = 0; k < hc; ++k) {
-      TensorStats acc;
-      double sum = 0;
-      for (int64_t t = 0; t < T; ++t) {
-        TensorStats s = tensor_stats(data + (t * hc + k) * D, D);
-        acc.amax = std::max(acc.amax, s.amax);
-        sum += s.mean * double(s.count);
-        acc.count += s.count;
-        acc.nan += s.nan;
-        acc.inf += s.inf;
-      }
-      acc.mean = acc.count ? sum / double(acc.count) : 0.0;
-      print_stats(out_, name + "[" + std::to_string(k) + "]", acc);
-    }
-  } else if (ends_with(".attn_out") || ends_with(".moe_out") || name == "logits") {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    print_stats(out_, name, tensor_stats(data, n));
+}  // namespace
+
+StatsScope LayerStatsObserver::stats_scope(const std::string& name, const std::vector<int64_t>& shape) const {
+  if (ends_with(name, ".resid") && shape.size() == 3) return StatsScope::PER_STREAM;
+  if (ends_with(name, ".attn_out") || ends_with(name, ".moe_out") || name == "logits") return StatsScope::WHOLE;
+  return StatsScope::NONE;
+}
+
+void LayerStatsObserver::observe_stats(const std::string& name, const std::vector<TensorStats>& stats) {
+  if (stats.size() == 1 && !ends_with(name, ".resid")) {
+    print_stats(out_, name, stats[0]);
+    return;
   }
+  for (size_t k = 0; k < stats.size(); ++k) print_stats(out_, name + "[" + std::to_string(k) + "]", stats[k]);
 }
 
 }  // namespace cm

@@ -26,12 +26,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 
 #include "backend/cuda/backend_kernels.h"
 #include "backend/cuda/cuda_errors.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/device_model.h"
+#include "backend/cuda/device_observer.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
 #include "ops/hc.h"
@@ -78,6 +78,7 @@ class CudaBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override;
   void copy_slot(int32_t from, int32_t to) override;
   void step(const Batch& batch, float* logits_out) override;
+  size_t host_copies() const { return obs_.host_copies(); }
 
  private:
   struct Segment {
@@ -122,8 +123,7 @@ class CudaBackend final : public ModelBackend {
   std::vector<Segment> segs_;
   std::vector<NoteTag> notes_;
   size_t max_notes_ = 0;
-  std::vector<float> obs_;  // observer copies
-  std::vector<uint16_t> obs_bf_;
+  cuda::DeviceObserver obs_;  // the observer's path; every device-to-host copy
   int64_t n_ = 0;  // rows of the current step
   const int32_t *d_token_ = nullptr, *d_pos_ = nullptr, *d_slot_ = nullptr, *d_rows_ = nullptr;
 };
@@ -138,28 +138,26 @@ HcParams hc_params(const Config& c, const cuda::DevF32& fn, const cuda::DevF32& 
                   c.rms_norm_eps};
 }
 
-float bf16_to_f32(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // "l<L>.s<slot>.<what>" (layer < 0: "s<slot>.<what>"), the CPU backend's names.
 std::string note_name(const char* what, int64_t layer, int32_t slot) {
   return layer >= 0 ? cuda::strf("l%lld.s%d.%s", (long long)layer, slot, what) : cuda::strf("s%d.%s", slot, what);
 }
 
-std::string gib(size_t b) { return cuda::strf("%.3f GiB", double(b) / double(size_t(1) << 30)); }
+using cuda::gib;
+
+// Device memory for the Context's workspaces and the CUDA runtime, counted when the weights load
+// (before the Context exists); reserve() counts the Context's real bytes.
+constexpr size_t kWorkingBytes = size_t(256) << 20;
 
 }  // namespace
 
-CudaBackend::CudaBackend(const Model& m, const BackendOptions& opt) : m_(m), opt_(opt) {
+CudaBackend::CudaBackend(const Model& m, const BackendOptions& opt) : m_(m), opt_(opt), obs_(opt.observer) {
   if (opt.linear_inputs) cuda::throw_error("cuda: the linear-input observer (calibration) runs on the CPU backend only");
   if (opt.act_quant != ActQuant::NONE) cuda::throw_error("cuda: W4A4 emulation runs on the CPU backend only");
+  // The weights first: a model that does not fit is refused before anything is allocated.
+  dm_ = cuda::upload_model(m, kWorkingBytes, opt.gpu_memory_utilization);
   // The split-K workspace only: the step never takes the cuBLAS prefill path, so no panels.
   ctx_ = std::make_unique<Context>(0, true, 0);
-  dm_ = cuda::upload_model(m, size_t(256) << 20);
   std::fprintf(stderr, "%s\n", dm_->report.c_str());
 }
 
@@ -241,20 +239,22 @@ void CudaBackend::reserve(const CacheShape& shape) {
   for (const cuda::DevLayer& l : dm_->layers)
     if (l.experts) packed = &l;
   const size_t moe_bytes = packed ? size_t(N * K) * size_t(2 * I + 4 * D + 8) + size_t(E) * 64 : 0;
-  size_t free_b = 0, total_b = 0;
-  CM_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  const size_t need = state_bytes + act_bytes + moe_bytes;
-  CM_CU_CHECK(need + (size_t(64) << 20) <= free_b,
-              "reserve: %lld slots of %lld tokens and %lld-token steps need %s of device memory (%s per slot, %s of "
-              "activations), %s free",
-              (long long)S, (long long)shape.max_ctx, (long long)N, gib(need).c_str(),
-              gib(state_bytes / size_t(S)).c_str(), gib(act_bytes).c_str(), gib(free_b).c_str());
+  // The whole backend against the budget: what it holds (weights, Context) plus this reservation,
+  // with 64 MiB to spare for the CUDA runtime.
+  const size_t held = dm_->total_bytes + ctx_->device_bytes();
+  const size_t work = act_bytes + moe_bytes + obs_.reserve_bytes() + ctx_->device_bytes() + (size_t(64) << 20);
+  cuda::check_memory(cuda::memory_budget(opt_.gpu_memory_utilization, held), dm_->total_bytes + state_bytes + work,
+                     cuda::strf("weights %s, per-slot state %s for %lld slots of %lld tokens, activations and "
+                                "workspaces %s for %lld-token steps",
+                                gib(dm_->total_bytes).c_str(), gib(state_bytes).c_str(), (long long)S,
+                                (long long)shape.max_ctx, gib(work).c_str(), (long long)N));
 
   for (const Want& w : wants) w.buf->alloc(size_t(std::max<int64_t>(w.bytes, 4)));
   if (packed) moe_scratch_ = std::make_unique<cuda::MoeScratch>(*packed->experts, int(N), int(K));
   state_.alloc(std::max<size_t>(state_bytes, 4));
   state_.zero();
   a.counts.zero();
+  obs_.reserve();
   CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&plan_host_), size_t(4 * N) * 4));
 
   // Per-layer state views, slot-major; regions_ lists them for copy_slot.
@@ -325,8 +325,8 @@ void CudaBackend::linear(const DevLinear& w, const void* x, bool x_bf16, int64_t
                    P<uint16_t>(act_.cast));
 }
 
-// Counts the intermediate's non-finite values per row; with an observer, copies
-// it to the host and hands each slot's rows over as "l<L>.s<slot>.<what>".
+// Counts the intermediate's non-finite values per row; with an observer, hands
+// each slot's rows over as "l<L>.s<slot>.<what>" (device_observer.h).
 void CudaBackend::note(const char* what, int64_t layer, const void* data, bool bf16, int64_t width,
                        const std::vector<int64_t>& inner) {
   const int64_t rows = n_;
@@ -335,43 +335,27 @@ void CudaBackend::note(const char* what, int64_t layer, const void* data, bool b
                            P<int32_t>(act_.counts) + int64_t(notes_.size()) * shape_.max_step_tokens);
     notes_.push_back(NoteTag{what, layer});
   }
-  if (!opt_.observer) return;
-  const size_t count = size_t(rows * width);
-  obs_.resize(count);
-  if (bf16) {
-    obs_bf_.resize(count);
-    CM_CUDA(cudaMemcpyAsync(obs_bf_.data(), data, count * 2, cudaMemcpyDeviceToHost, ctx_->stream()));
-    CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
-    for (size_t i = 0; i < count; ++i) obs_[i] = bf16_to_f32(obs_bf_[i]);
-  } else {
-    CM_CUDA(cudaMemcpyAsync(obs_.data(), data, count * 4, cudaMemcpyDeviceToHost, ctx_->stream()));
-    CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
-  }
+  if (!obs_.active()) return;
   std::vector<int64_t> shape{0};
   shape.insert(shape.end(), inner.begin(), inner.end());
+  const size_t esize = bf16 ? 2 : 4;
   for (const Segment& s : segs_) {
     shape[0] = s.n;
-    opt_.observer->observe(note_name(what, layer, s.slot), obs_.data() + s.row0 * width, shape);
+    obs_.observe(*ctx_, note_name(what, layer, s.slot),
+                 static_cast<const char*>(data) + size_t(s.row0 * width) * esize, bf16, shape);
   }
 }
 
 // Observer only: per segment, the entries (and CSA index keys) this step completed, as the CPU names them.
 void CudaBackend::observe_entries(int64_t L, const CompressorStateView& comp, const CompressorStateView* index) {
-  if (!opt_.observer) return;
+  if (!obs_.active()) return;
   for (const Segment& s : segs_) {
     for (const CompressorStateView* st : {&comp, index}) {
       if (!st) continue;
       const int64_t first = s.pos0 / st->m, n_new = (s.pos0 + s.n) / st->m - first;
       if (n_new <= 0) continue;
-      const size_t count = size_t(n_new * st->dc);
-      obs_bf_.resize(count);
-      obs_.resize(count);
-      CM_CUDA(cudaMemcpyAsync(obs_bf_.data(), st->entries + (int64_t(s.slot) * st->max_entries + first) * st->dc,
-                              count * 2, cudaMemcpyDeviceToHost, ctx_->stream()));
-      CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
-      for (size_t i = 0; i < count; ++i) obs_[i] = bf16_to_f32(obs_bf_[i]);
-      opt_.observer->observe(note_name(st == index ? "index_keys" : "entries", L, s.slot), obs_.data(),
-                             {n_new, st->dc});
+      obs_.observe(*ctx_, note_name(st == index ? "index_keys" : "entries", L, s.slot),
+                   st->entries + (int64_t(s.slot) * st->max_entries + first) * st->dc, true, {n_new, st->dc});
     }
   }
 }
@@ -398,6 +382,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   n_ = n;
   CM_CUDA(cudaMemcpyAsync(act_.plan.get(), plan_host_, size_t(4 * N) * 4, cudaMemcpyHostToDevice, ctx.stream()));
   notes_.clear();
+  obs_.begin_step();
 
   // Embedding, copied into every hyper-connection stream.
   float* X = P<float>(act_.x);
@@ -433,14 +418,10 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
     hc_head_cuda(ctx, hp, head_in, R, y);
     rms_norm_cuda(ctx, y, w.norm.p(), R, D, c.rms_norm_eps, y, false);
     linear(w.head, y, false, R, logits);
-    CM_CUDA(cudaMemcpyAsync(logits_out, logits, size_t(R * V) * 4, cudaMemcpyDeviceToHost, ctx.stream()));
-    CM_CUDA(cudaStreamSynchronize(ctx.stream()));
-    if (opt_.observer) {
-      std::vector<float> fy(size_t(R * D));
-      CM_CUDA(cudaMemcpy(fy.data(), y, fy.size() * 4, cudaMemcpyDeviceToHost));
-      opt_.observer->observe("final_norm", fy.data(), {R, D});
-      opt_.observer->observe("logits", logits_out, {R, V});
-    }
+    obs_.observe(ctx, "final_norm", y, false, {R, D});
+    obs_.observe(ctx, "logits", logits, false, {R, V});
+    obs_.to_host(ctx, logits_out, logits, size_t(R * V) * 4);
+    obs_.flush(ctx);  // before the check: --layer-stats shows where a non-finite value came from
     bool bad = false;
     for (int64_t i = 0; i < R * V && !bad; ++i) bad = !std::isfinite(logits_out[i]);
     CM_CU_CHECK(!bad,
@@ -449,6 +430,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
                 first_non_finite().c_str());
   } else {
     CM_CUDA(cudaStreamSynchronize(ctx.stream()));
+    obs_.flush(ctx);
   }
 }
 
@@ -456,7 +438,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
 std::string CudaBackend::first_non_finite() {
   const int64_t N = shape_.max_step_tokens;
   std::vector<int32_t> counts(notes_.size() * size_t(N));
-  CM_CUDA(cudaMemcpy(counts.data(), act_.counts.get(), counts.size() * 4, cudaMemcpyDeviceToHost));
+  obs_.to_host(*ctx_, counts.data(), act_.counts.get(), counts.size() * 4);
   for (size_t i = 0; i < notes_.size(); ++i)
     for (const Segment& s : segs_)
       for (int64_t r = s.row0; r < s.row0 + s.n; ++r)
@@ -619,6 +601,12 @@ bool cuda_backend_available() { return cuda::device_count() > 0; }
 
 std::unique_ptr<ModelBackend> make_cuda_backend(const Model& m, const BackendOptions& opt) {
   return std::make_unique<CudaBackend>(m, opt);
+}
+
+size_t cuda_backend_host_copies(const ModelBackend& be) {
+  const auto* cb = dynamic_cast<const CudaBackend*>(&be);
+  CM_CU_CHECK(cb, "cuda_backend_host_copies: not a CUDA backend");
+  return cb->host_copies();
 }
 
 }  // namespace cm

@@ -11,8 +11,13 @@
 // split-K workspace (in the Context), the step plan and the non-finite counts.
 // A step copies its plan (token, pos, slot per row; logits rows) in one
 // transfer, launches kernels in the CPU step's order and synchronises once, at
-// the end, when the logits rows come back. Only with an observer does it stop
-// to copy intermediates to the host.
+// the end, when the logits rows come back. Only with a tensor observer does it
+// stop to copy intermediates to the host; a stats observer (--layer-stats) gets
+// statistics computed on the device, read back in one copy after the step
+// (device_observer.h).
+//
+// Device memory: loading and reserve() refuse what does not fit in
+// min(free, BackendOptions::gpu_memory_utilization · total), naming the parts.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -27,5 +32,7 @@ namespace cm {
 std::unique_ptr<ModelBackend> make_cuda_backend(const Model& m, const BackendOptions& opt);
 // True when this build has the CUDA backend and a CUDA device is present.
 bool cuda_backend_available();
+// Test hook: the device-to-host copies a CUDA backend has made so far (throws for another backend).
+size_t cuda_backend_host_copies(const ModelBackend& be);
 
 }  // namespace cm

@@ -120,6 +120,8 @@ class Context {
   // steps, never while capturing a graph).
   void reserve_workspace(const Workspace& w);
   const Workspace& workspace() const { return ws_; }
+  // Device bytes the Context holds (workspace, panels, cuBLAS workspace).
+  size_t device_bytes() const { return partials_.size() + counters_.size() + panel_.size() + cublas_ws_.size(); }
   // The split-K bound of the linear kernels on this device: a decode kernel
   // splits K over at most SMs·occupancy CTAs (tiles of 16 rows × 32 tokens),
   // the wgmma kernel over at most 2·SMs tiles of 128 × 256.

@@ -3,6 +3,7 @@
 #include "backend/cuda/device_model.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 
@@ -82,7 +83,6 @@ DevF32 view_f32(const std::vector<float>& v, size_t& group) {
 // The MoE kernel clamps with its limit unconditionally; a config without one (0) clamps nowhere.
 float no_limit_is_inf(float limit) { return limit > 0 ? limit : std::numeric_limits<float>::infinity(); }
 
-std::string gib(size_t b) { return strf("%.3f GiB", double(b) / double(size_t(1) << 30)); }
 std::string mib(size_t b) { return strf("%.2f MiB", double(b) / double(size_t(1) << 20)); }
 
 }  // namespace
@@ -131,15 +131,36 @@ size_t model_device_bytes(const Model& m) {
   return b;
 }
 
-std::unique_ptr<DevModel> upload_model(const Model& m, size_t reserve_bytes) {
+size_t MemoryBudget::available() const {
+  const double cap = utilization * double(total);
+  return std::min(free + held, cap >= double(SIZE_MAX) ? SIZE_MAX : size_t(cap));
+}
+
+MemoryBudget memory_budget(double utilization, size_t held) {
+  CM_CU_CHECK(utilization > 0 && utilization <= 1, "cuda: gpu_memory_utilization must be in (0, 1] (got %g)",
+              utilization);
+  MemoryBudget b;
+  CM_CUDA(cudaMemGetInfo(&b.free, &b.total));
+  b.held = held;
+  b.utilization = utilization;
+  return b;
+}
+
+void check_memory(const MemoryBudget& b, size_t need, const std::string& parts) {
+  if (need <= b.available()) return;
+  throw_error(strf("cuda: the model needs %s of device memory (%s), %s available (utilization %g of %s total, %s free)",
+                   gib(need).c_str(), parts.c_str(), gib(b.available()).c_str(), b.utilization, gib(b.total).c_str(),
+                   gib(b.free + b.held).c_str()));
+}
+
+std::string gib(size_t b) { return strf("%.3f GiB", double(b) / double(size_t(1) << 30)); }
+
+std::unique_ptr<DevModel> upload_model(const Model& m, size_t workspace_bytes, double utilization) {
   const Config& c = m.config;
   const Weights& w = m.weights;
-  size_t free_b = 0, total_b = 0;
-  CM_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  const size_t need = model_device_bytes(m) + reserve_bytes;
-  if (need > free_b)
-    throw_error(strf("cuda: the model needs %s of device memory (weights and working buffers), %s free (of %s)",
-                     gib(need).c_str(), gib(free_b).c_str(), gib(total_b).c_str()));
+  const size_t weights = model_device_bytes(m);
+  check_memory(memory_budget(utilization), weights + workspace_bytes,
+               strf("weights %s, working buffers %s", gib(weights).c_str(), gib(workspace_bytes).c_str()));
 
   auto d = std::make_unique<DevModel>();
   size_t g_embed = 0, g_attn = 0, g_comp = 0, g_experts = 0, g_shared = 0, g_router = 0, g_small = 0;

@@ -86,8 +86,24 @@ struct DevModel {
 // Device bytes the weights will take (the stored bytes of every tensor).
 size_t model_device_bytes(const Model& m);
 
-// Uploads every weight. Throws "needs X GiB, Y GiB free" when the model does not
-// fit in the device's free memory (cudaMemGetInfo) with `reserve_bytes` to spare.
-std::unique_ptr<DevModel> upload_model(const Model& m, size_t reserve_bytes);
+// The device memory a backend may use (--gpu-memory-utilization): min(free + held,
+// utilization·total), where held is what the backend already holds on the device (its
+// own, so free to it) and free is what cudaMemGetInfo reports.
+struct MemoryBudget {
+  size_t free = 0, total = 0, held = 0;
+  double utilization = 0.9;
+  size_t available() const;
+};
+// Measures the device now; throws when utilization is outside (0, 1].
+MemoryBudget memory_budget(double utilization, size_t held = 0);
+// Throws "cuda: the model needs X GiB of device memory (<parts>), Y GiB available (utilization U
+// of Z GiB total, W GiB free)" when need > b.available(); W is free + held.
+void check_memory(const MemoryBudget& b, size_t need, const std::string& parts);
+std::string gib(size_t bytes);  // "1.234 GiB"
+
+// Uploads every weight. Before allocating anything, refuses (check_memory) a model whose
+// weights plus `workspace_bytes` (the backend's working buffers) exceed the budget for
+// `utilization`; an error while uploading frees what was uploaded.
+std::unique_ptr<DevModel> upload_model(const Model& m, size_t workspace_bytes, double utilization);
 
 }  // namespace cm::cuda

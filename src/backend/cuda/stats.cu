@@ -13,7 +13,11 @@ namespace {
 
 constexpr int kThreads = 1024;
 
-__global__ void __launch_bounds__(kThreads) stats_kernel(const float* x, int64_t rows, int64_t len, int64_t stride,
+__device__ __forceinline__ float load(const float* x, int64_t i) { return x[i]; }
+__device__ __forceinline__ float load(const uint16_t* x, int64_t i) { return cuda::dev::bf(x[i]); }
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) stats_kernel(const T* x, int64_t rows, int64_t len, int64_t stride,
                                                         DeviceTensorStats* out) {
   cuda::dev::pdl_wait_and_release();
   __shared__ float s_amax[32];
@@ -24,7 +28,7 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const float* x, int64_t
   long long nan = 0, inf = 0, cnt = 0;
   const int64_t n = rows * len;
   for (int64_t k = threadIdx.x; k < n; k += kThreads) {
-    const float v = x[(k / len) * stride + k % len];
+    const float v = load(x, (k / len) * stride + k % len);
     if (isnan(v)) {
       ++nan;
     } else if (isinf(v)) {
@@ -65,16 +69,26 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const float* x, int64_t
   }
 }
 
-}  // namespace
-
-void tensor_stats_cuda(cuda::Context& ctx, const float* x, int64_t rows, int64_t len, int64_t stride,
-                       DeviceTensorStats* out) {
+template <typename T>
+void stats_launch(cuda::Context& ctx, const T* x, int64_t rows, int64_t len, int64_t stride, DeviceTensorStats* out) {
   CM_CU_CHECK(rows >= 0 && len >= 0 && (rows <= 1 || stride >= len),
               "tensor_stats_cuda: %lld segments of %lld values %lld apart", (long long)rows, (long long)len,
               (long long)stride);
   CM_CU_CHECK(len > 0 || rows == 0, "tensor_stats_cuda: empty segments");
-  cuda::launch_kernel(ctx, stats_kernel, dim3(1), dim3(kThreads), 0, "stats_kernel", x, rows, std::max<int64_t>(len, 1),
-                      stride, out);
+  cuda::launch_kernel(ctx, stats_kernel<T>, dim3(1), dim3(kThreads), 0, "stats_kernel", x, rows,
+                      std::max<int64_t>(len, 1), stride, out);
+}
+
+}  // namespace
+
+void tensor_stats_cuda(cuda::Context& ctx, const float* x, int64_t rows, int64_t len, int64_t stride,
+                       DeviceTensorStats* out) {
+  stats_launch(ctx, x, rows, len, stride, out);
+}
+
+void tensor_stats_cuda(cuda::Context& ctx, const uint16_t* x_bf16, int64_t rows, int64_t len, int64_t stride,
+                       DeviceTensorStats* out) {
+  stats_launch(ctx, x_bf16, rows, len, stride, out);
 }
 
 }  // namespace cm
