@@ -117,8 +117,12 @@ class Timer:
         return (time.perf_counter() - self.t0) * 1e3
 
 
+OOM_TYPES = tuple(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None))
+                  if t is not None)
+
+
 def is_oom(e):
-    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+    return isinstance(e, OOM_TYPES) or "out of memory" in str(e).lower()
 
 
 def free_memory(device):
@@ -219,32 +223,26 @@ def main():
           file=sys.stderr)
     timer = Timer(args.device)
     save()
+    def point(what, fn, into, describe):
+        """One measurement; out of memory is reported and skipped, anything else stops the run."""
+        try:
+            r = fn()
+            res[into].append(r)
+            print(f"{what}: {describe(r)}", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001
+            if not is_oom(e):
+                raise
+            res["skipped"].append(f"{what}: out of memory ({str(e).splitlines()[0]})")
+            print(f"{what}: out of memory, skipped", file=sys.stderr)
+        free_memory(args.device)
+        save()
+
     for P in [int(x) for x in args.prefill.split(",") if x]:
-        try:
-            r = bench_prefill(model, cfg, args, P, timer)
-            res["prefill"].append(r)
-            print(f"prefill {P}: {r['ms']:.1f} ms, {r['tok_s']:.0f} tok/s, {r['ms_per_layer']:.2f} ms/layer",
-                  file=sys.stderr)
-        except Exception as e:  # noqa: BLE001
-            if not is_oom(e):
-                raise
-            res["skipped"].append(f"prefill {P}: out of memory ({str(e).splitlines()[0]})")
-            print(f"prefill {P}: out of memory, skipped", file=sys.stderr)
-        free_memory(args.device)
-        save()
+        point(f"prefill {P}", lambda: bench_prefill(model, cfg, args, P, timer), "prefill",
+              lambda r: f"{r['ms']:.1f} ms, {r['tok_s']:.0f} tok/s, {r['ms_per_layer']:.2f} ms/layer")
     for B in [int(x) for x in args.batches.split(",") if x]:
-        try:
-            r = bench_decode(model, cfg, args, B, timer)
-            res["decode"].append(r)
-            print(f"decode B={B} ctx={args.decode_context}: {r['ms_per_step']:.2f} ms/step, "
-                  f"{r['us_per_layer']:.0f} us/layer", file=sys.stderr)
-        except Exception as e:  # noqa: BLE001
-            if not is_oom(e):
-                raise
-            res["skipped"].append(f"decode batch {B}: out of memory ({str(e).splitlines()[0]})")
-            print(f"decode batch {B}: out of memory, skipped", file=sys.stderr)
-        free_memory(args.device)
-        save()
+        point(f"decode batch {B} context {args.decode_context}", lambda: bench_decode(model, cfg, args, B, timer),
+              "decode", lambda r: f"{r['ms_per_step']:.2f} ms/step, {r['us_per_layer']:.0f} us/layer")
 
     print(f"transformers {res['transformers']} ({res['dtype']}, eager), {args.layers} layers, {res.get('gpu', args.device)}")
     print("| prefill tokens | ms | tok/s | ms per layer |\n|---:|---:|---:|---:|")
