@@ -6,14 +6,14 @@
 # JSON as it goes, so a run cut short still leaves what it measured.
 # Usage (from the repo root, after tools/gpu_device_build.sh build-dev):
 #   tools/bench_device.sh [out-dir]      (default: $OUT, else /tmp/clawmine-bench)
-# Env: BIN (default build-dev/clawmine), PY (default python3), CM_SECONDS (360),
-#      HF_SECONDS (180), HF_LAYERS (2).
+# Env: BIN (default build-dev/clawmine), PY (default python3), CM_SECONDS (340),
+#      HF_SECONDS (170), HF_LAYERS (2). The defaults total under 9 minutes (one 10-minute device call).
 set -uo pipefail
 DIR=${1:-${OUT:-/tmp/clawmine-bench}}
 BIN=${BIN:-build-dev/clawmine}
 PY=${PY:-python3}
-CM_SECONDS=${CM_SECONDS:-360}
-HF_SECONDS=${HF_SECONDS:-180}
+CM_SECONDS=${CM_SECONDS:-340}
+HF_SECONDS=${HF_SECONDS:-170}
 HF_LAYERS=${HF_LAYERS:-2}
 mkdir -p "$DIR"
 {

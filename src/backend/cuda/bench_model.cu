@@ -137,8 +137,9 @@ std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& sha
       LayerWeights lw = synthetic_layer(c, L, seed, false);
       upload_layer(c, lw, *dm, L);
     }  // the host layer is freed here
-    sd->dense_layer_bytes.push_back(dm->bytes.total() - before);
     DevLayer& dl = dm->layers[size_t(L)];
+    // A decode step reads all of these but the hash table (B of its rows).
+    sd->dense_layer_bytes.push_back(dm->bytes.total() - before - dl.tid2eid.size());
     dl.experts = std::make_unique<DeviceExperts>(random_experts(D, I, 0, int(E), seed * 1000003 + uint64_t(L)));
     dl.experts->swiglu_limit = c.swiglu_limit > 0 ? c.swiglu_limit : INFINITY;
     // Tensor scales that give the random codes an rms of about 1/sqrt(K) (random_experts' block
@@ -152,6 +153,7 @@ std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& sha
     dm->bytes.experts += dl.experts->expert_bytes() * size_t(E) + dl.experts->scale2.size();
   }
   finish_report(*dm);
+  progress(dm->report);
   const DevBytes& g = dm->bytes;
   const double nl = double(std::max<int64_t>(1, c.num_layers));
   auto group = [&](size_t b) { return nlohmann::json{{"total", b}, {"per_layer", double(b) / nl}}; };
@@ -298,7 +300,7 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
   progress(strf("built %lld layers on the device in %.1f s", (long long)NL, seconds_since(bn.t0) - tb));
   out["layers"] = NL;
   out["config"] = synthetic_config_json(shape);
-  out["memory"] = {{"weights", sd->bytes}};
+  out["memory"] = {{"weights", sd->bytes}, {"dense_bytes_per_layer", sd->dense_layer_bytes}};
   for (int64_t ctx : o.contexts)
     out["memory"]["bytes_per_slot"][std::to_string(ctx)] = be.bytes_per_slot(CacheShape{1, 1, ctx});
   out["notes"] = {
@@ -357,6 +359,18 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
   // Decode at each context.
   for (int64_t ctx : o.contexts) {
     if (bn.out_of_time("decode at context " + std::to_string(ctx))) continue;
+    // Filling slot 0 takes about ctx / (the measured prefill rate); skip a context that cannot finish in the budget.
+    if (o.max_seconds > 0 && !out["prefill"].empty()) {
+      const double rate = out["prefill"].back()["tok_s"].get<double>();
+      const double left = o.max_seconds - seconds_since(bn.t0);
+      if (rate > 0 && double(ctx) / rate > left) {
+        out["skipped"].push_back(strf("decode at context %lld: filling it would take about %.0f s at %.0f tok/s, "
+                                      "%.0f s of the --max-seconds budget are left",
+                                      (long long)ctx, double(ctx) / rate, rate, left));
+        progress("skipped decode at context " + std::to_string(ctx) + " (time budget)");
+        continue;
+      }
+    }
     try {
       be.reserve(CacheShape{int32_t(max_b), int32_t(std::max(o.fill_chunk, max_b)), ctx + decode_margin});
       const auto tf = Clock::now();

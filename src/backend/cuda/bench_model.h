@@ -61,7 +61,7 @@ struct SyntheticDevice {
   nlohmann::json bytes;          // device bytes per module group, and per layer kind
   size_t expert_bytes = 0;       // one routed expert (w1 + w3 + w2 with scales)
   size_t head_bytes = 0;
-  std::vector<size_t> dense_layer_bytes;  // per layer: every weight but the routed experts
+  std::vector<size_t> dense_layer_bytes;  // per layer: every weight but the routed experts and tid2eid
   SyntheticDevice();
   ~SyntheticDevice();
 };
