@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/op_timer.h"
+#include "common/error.h"
 #include "ops/compressor.h"
 
 namespace cm::cuda {
@@ -191,6 +192,21 @@ struct Bench {
     CM_CU_CHECK(bool(f), "bench model: cannot write --json-file '%s'", o.json_file.c_str());
     f << out.dump(2) << "\n";
   }
+  // reserve() with step rows halved (down to min_rows) while the device lacks the memory; the rows it got.
+  int64_t reserve_shrinking(int32_t slots, int64_t rows, int64_t ctx, int64_t min_rows) {
+    for (;;) {
+      try {
+        sd->backend->reserve(CacheShape{slots, int32_t(rows), ctx});
+        return rows;
+      } catch (const Error& e) {
+        if (rows / 2 < min_rows) throw;
+        out["notes"]["reserve"] = strf("%lld-row steps did not fit (%s); steps of %lld rows instead", (long long)rows,
+                                       e.what(), (long long)(rows / 2));
+        progress(out["notes"]["reserve"].get<std::string>());
+        rows /= 2;
+      }
+    }
+  }
   int32_t random_token() {
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
     return int32_t(2 + (rng >> 33) % uint64_t(sd->model->config.vocab_size - 2));
@@ -260,6 +276,8 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
     const size_t free0 = free_bytes();
     int64_t fit = 0;
     size_t weights = globals, state_decode = 0, state_prefill = 0;
+    const size_t act_decode = size_t(decode_rows) * act_bytes_per_row(c, max_c + decode_margin);
+    const size_t act_prefill = size_t(prefill_rows) * act_bytes_per_row(c, max_p);
     std::vector<size_t> dense_by_kind(6, 0);  // (attention kind, hash or score routing): a layer's dense bytes
     for (int64_t L = 0; L < c.num_layers; ++L) {
       const size_t kind = size_t(c.attn_kinds[size_t(L)]) * 2 + (c.moe_kinds[size_t(L)] == MoeKind::HASH ? 1 : 0);
@@ -267,22 +285,22 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
       const size_t w = dense_by_kind[kind] + expert;
       const size_t sdl = state_bytes_layer(c, L, max_c + decode_margin) * size_t(max_b);
       const size_t spl = state_bytes_layer(c, L, max_p);
-      const size_t act = std::max(size_t(decode_rows) * act_bytes_per_row(c, max_c + decode_margin),
-                                  size_t(prefill_rows) * act_bytes_per_row(c, max_p));
-      const size_t need = weights + w + std::max(state_decode + sdl, state_prefill + spl) + act + margin;
+      // The prefill and decode reservations never coexist (reserve() frees the previous one).
+      const size_t need = weights + w + std::max(state_decode + sdl + act_decode, state_prefill + spl + act_prefill) +
+                          margin;
       if (o.layers > 0 ? L >= o.layers : need > free0) break;
       weights += w, state_decode += sdl, state_prefill += spl, fit = L + 1;
     }
-    const size_t act = std::max(size_t(decode_rows) * act_bytes_per_row(c, max_c + decode_margin),
-                                size_t(prefill_rows) * act_bytes_per_row(c, max_p));
     const std::string arith = strf(
         "%.2f GiB free; embedding + head %.2f GiB; %lld layers of about %.2f GiB of weights each (%.2f GiB routed "
-        "experts); state for the largest decode (%lld slots x %lld tokens) %.2f GiB; activations for %lld-row steps "
-        "about %.2f GiB; %.0f GiB margin (workspace, allocator)%s",
+        "experts); state for the largest decode (%lld slots x %lld tokens) %.2f GiB + activations for its %lld-row "
+        "steps about %.2f GiB (the prefill's %lld-row steps: %.2f GiB, not at the same time); %.0f GiB margin "
+        "(workspace, allocator)%s",
         double(free0) / kGiB, double(globals) / kGiB, (long long)fit,
         fit ? double(weights - globals) / double(fit) / kGiB : 0.0, double(expert) / kGiB, (long long)max_b,
-        (long long)(max_c + decode_margin), double(state_decode) / kGiB, (long long)decode_rows, double(act) / kGiB,
-        double(margin) / kGiB, o.layers > 0 ? " (--layers given)" : "");
+        (long long)(max_c + decode_margin), double(state_decode) / kGiB, (long long)decode_rows,
+        double(act_decode) / kGiB, (long long)prefill_rows, double(act_prefill) / kGiB, double(margin) / kGiB,
+        o.layers > 0 ? " (--layers given)" : "");
     CM_CU_CHECK(fit >= 1, "bench model: not even one layer fits: %s", arith.c_str());
     if (o.layers > 0 && fit < o.layers) progress("V4-Flash has only " + std::to_string(fit) + " layers");
     out["layers_arithmetic"] = arith;
@@ -319,7 +337,8 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
                 "1 GiB cudaMemcpy D2D, read + write bytes per second); ratio = gpu_ms / floor_ms"},
       {"top_ops", "one eager decode step with a CUDA event after every op call (cuda/op_timer.h): time between "
                   "consecutive events per op label, summed over the layers; a linear is labelled by its weight "
-                  "(its bf16 cast included), other ops by kernel family"}};
+                  "(its bf16 cast included), other ops by kernel family; the events between kernels also stop programmatic "
+                  "dependent launch from overlapping them, so the profiled step's span is longer than gpu_ms"}};
   out["prefill"] = nlohmann::json::array();
   out["decode"] = nlohmann::json::array();
   bn.save();
@@ -328,8 +347,7 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
   for (int64_t P : o.prefill) {
     if (bn.out_of_time("prefill " + std::to_string(P))) continue;
     try {
-      const int64_t chunk = std::min(o.prefill_chunk, P);
-      be.reserve(CacheShape{1, int32_t(chunk), P});
+      const int64_t chunk = bn.reserve_shrinking(1, std::min(o.prefill_chunk, P), P, std::min<int64_t>(P, 256));
       std::vector<double> wall, gpu;
       const int reps = std::min(o.repeats, 3);
       for (int r = 0; r < 1 + reps; ++r) {
@@ -372,9 +390,10 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
       }
     }
     try {
-      be.reserve(CacheShape{int32_t(max_b), int32_t(std::max(o.fill_chunk, max_b)), ctx + decode_margin});
+      const int64_t fill = bn.reserve_shrinking(int32_t(max_b), std::max(o.fill_chunk, max_b), ctx + decode_margin,
+                                                std::max<int64_t>(max_b, 256));
       const auto tf = Clock::now();
-      bn.prefill(0, ctx, o.fill_chunk);
+      bn.prefill(0, ctx, fill);
       for (int32_t s = 1; s < int32_t(max_b); ++s) be.copy_slot(0, s);
       out["fill_seconds"][std::to_string(ctx)] = seconds_since(tf);
       progress(strf("filled slot 0 to %lld tokens and copied it to %lld slots in %.1f s", (long long)ctx,
