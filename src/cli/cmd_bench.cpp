@@ -98,8 +98,9 @@ void print_model_table(const nlohmann::json& r) {
     else
       fmt::print("  {:<30} {:>15} {:>13.1f}\n", k, "-", v.get<double>() / mib);
   }
-  for (auto& [k, v] : r["memory"]["bytes_per_slot"].items())
-    fmt::print("  state per slot at context {:<7} {:>29.1f}\n", k, v.get<double>() / mib);
+  if (r["memory"].contains("bytes_per_slot"))
+    for (auto& [k, v] : r["memory"]["bytes_per_slot"].items())
+      fmt::print("  state per slot at context {:<7} {:>29.1f}\n", k, v.get<double>() / mib);
   fmt::print("\nprefill (one slot)   tokens   chunk   wall ms     tok/s   GPU ms   GPU tok/s\n");
   for (auto& p : r["prefill"])
     fmt::print("                    {:>7} {:>7} {:>9.1f} {:>9.0f} {:>8.1f} {:>11.0f}\n", p["tokens"].get<int64_t>(),
