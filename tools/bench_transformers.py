@@ -87,7 +87,7 @@ def build_model(cfg, args):
                 model = DeepseekV4ForCausalLM(cfg)
     finally:
         torch.set_default_dtype(prev)
-    model = model.to(dtype=torch.bfloat16).eval()
+    model = model.to(device=args.device, dtype=torch.bfloat16).eval()  # in case the device context was not honoured
     # Small random weights (the init's scale does not matter for speed; finite activations do).
     with torch.no_grad():
         for name, p in model.named_parameters():
