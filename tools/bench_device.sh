@@ -2,12 +2,14 @@
 # The speed benchmarks of docs/performance.md in one device call: clawmine on a
 # synthetic V4-Flash (`clawmine bench model`, as many layers as fit) and then
 # transformers in the same configuration (tools/bench_transformers.py, BF16,
-# eager, 4 layers: Flash's first two are window-only, so 4 is the least that has CSA and HCA), on the same GPU. Each has a time guard; each writes its
-# JSON as it goes, so a run cut short still leaves what it measured.
+# eager, Flash's first 4 layers: the first two are window-only, so 4 is the
+# least that has CSA and HCA), on the same GPU. Each has a time guard; each
+# writes its JSON as it goes, so a run cut short still leaves what it measured.
 # Usage (from the repo root, after tools/gpu_device_build.sh build-dev):
 #   tools/bench_device.sh [out-dir]      (default: $OUT, else /tmp/clawmine-bench)
 # Env: BIN (default build-dev/clawmine), PY (default python3), CM_SECONDS (340),
-#      HF_SECONDS (170), HF_LAYERS (4: SWA, SWA, CSA, HCA). The defaults total under 9 minutes (one 10-minute device call).
+#      HF_SECONDS (170), HF_LAYERS (4). The defaults total under 9 minutes (one
+#      10-minute device call).
 set -uo pipefail
 DIR=${1:-${OUT:-/tmp/clawmine-bench}}
 BIN=${BIN:-build-dev/clawmine}
