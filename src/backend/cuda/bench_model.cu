@@ -423,7 +423,7 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
         bn.save();
       }
       // The top ops of one decode step at the smallest and the largest batch (first context only).
-      if (!out.contains("top_ops"))
+      if (!out.contains("top_ops") && !o.batches.empty())
         for (int64_t B : {o.batches.front(), max_b}) {
           timer.set_mode(OpTimer::Mode::OPS);
           bn.decode_step(B);
