@@ -1,6 +1,8 @@
 // `clawmine bench kernels [--json]`: times the NVFP4 GPU kernels on
 // V4-Flash's shapes against a same-run device copy and cuBLAS BF16 (see
-// backend/cuda/bench_kernels.h). Without the CUDA backend it says so and exits 1.
+// backend/cuda/bench_kernels.h). `clawmine bench model`: the whole CUDA step
+// on a synthetic V4-Flash-shaped model (backend/cuda/bench_model.h). Without
+// the CUDA backend, or without a GPU, it says so and exits 1.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -11,7 +13,9 @@
 #include "common/error.h"
 #ifdef CLAWMINE_HAVE_CUDA
 #include "backend/cuda/bench_kernels.h"
+#include "backend/cuda/bench_model.h"
 #endif
+#include "engine/backend.h"
 
 namespace {
 
@@ -24,6 +28,14 @@ struct BenchOptions {
   std::string only;
   int repeats = 7;
   bool no_pdl = false;
+  // bench model
+  int64_t layers = 0;
+  std::vector<int64_t> prefill{2048, 8192};
+  std::vector<int64_t> batches{1, 8, 64, 256};
+  std::vector<int64_t> contexts{4096, 32768};
+  int warmup = 2;
+  int64_t prefill_chunk = 8192, fill_chunk = 4096;
+  double max_seconds = 0;
 };
 
 #ifdef CLAWMINE_HAVE_CUDA
@@ -72,8 +84,82 @@ nlohmann::json to_json(const cm::cuda::KernelBenchResult& r) {
 }
 #endif
 
+#ifdef CLAWMINE_HAVE_CUDA
+// The model bench's results as tables; every number is described in the JSON's "notes".
+void print_model_table(const nlohmann::json& r) {
+  const double mib = 1024.0 * 1024.0;
+  fmt::print("GPU: {}   layers: {}   device-to-device copy: {:.0f} GB/s (read + write)\n", r["gpu"].get<std::string>(),
+             r["layers"].get<int64_t>(), r["copy_gbs"].get<double>());
+  fmt::print("layer count: {}\n\n", r["layers_arithmetic"].get<std::string>());
+  fmt::print("device memory (weights)          per layer (MiB)   total (MiB)\n");
+  for (auto& [k, v] : r["memory"]["weights"].items()) {
+    if (v.is_object())
+      fmt::print("  {:<30} {:>15.2f} {:>13.1f}\n", k, v["per_layer"].get<double>() / mib, v["total"].get<double>() / mib);
+    else
+      fmt::print("  {:<30} {:>15} {:>13.1f}\n", k, "-", v.get<double>() / mib);
+  }
+  if (r["memory"].contains("bytes_per_slot"))
+    for (auto& [k, v] : r["memory"]["bytes_per_slot"].items())
+      fmt::print("  state per slot at context {:<7} {:>29.1f}\n", k, v.get<double>() / mib);
+  fmt::print("\nprefill (one slot)   tokens   chunk   wall ms     tok/s   GPU ms   GPU tok/s\n");
+  for (auto& p : r["prefill"])
+    fmt::print("                    {:>7} {:>7} {:>9.1f} {:>9.0f} {:>8.1f} {:>11.0f}\n", p["tokens"].get<int64_t>(),
+               p["chunk"].get<int64_t>(), p["wall_ms"].get<double>(), p["tok_s"].get<double>(),
+               p["gpu_ms"].get<double>(), p["gpu_tok_s"].get<double>());
+  fmt::print("\ndecode   context  batch  step ms   GPU ms    tok/s  us/layer  experts/layer  floor ms  GPU/floor\n");
+  for (auto& d : r["decode"])
+    fmt::print("        {:>8} {:>6} {:>8.3f} {:>8.3f} {:>8.0f} {:>9.1f} {:>14.1f} {:>9.3f} {:>9.2f}x\n",
+               d["context"].get<int64_t>(), d["batch"].get<int64_t>(), d["step_ms"].get<double>(),
+               d["gpu_ms"].get<double>(), d["tok_s"].get<double>(), d["us_per_layer"].get<double>(),
+               d["expected_experts_per_layer"].get<double>(), d["floor_ms"].get<double>(),
+               d["ratio_to_floor"].get<double>());
+  if (r.contains("top_ops"))
+    for (auto& t : r["top_ops"]) {
+      fmt::print("\ntop ops of one decode step, batch {} context {} (event-timed, span {:.1f} us):\n",
+                 t["batch"].get<int64_t>(), t["context"].get<int64_t>(), t["span_us"].get<double>());
+      for (auto& op : t["ops"])
+        fmt::print("  {:<34} {:>5} calls {:>10.1f} us {:>6.1f}%\n", op["op"].get<std::string>(), op["calls"].get<int>(),
+                   op["us"].get<double>(), 100.0 * op["share"].get<double>());
+    }
+  for (auto& s : r["skipped"]) fmt::print("skipped: {}\n", s.get<std::string>());
+  for (auto& s : r["errors"]) fmt::print("error: {}\n", s.get<std::string>());
+  fmt::print("\nwhat the numbers are:\n");
+  for (auto& [k, v] : r["notes"].items()) fmt::print("  {}: {}\n", k, v.get<std::string>());
+}
+
+int run_bench_model(const BenchOptions& o) {
+  cm::cuda::ModelBenchOptions mo;
+  mo.layers = o.layers;
+  mo.prefill = o.prefill;
+  mo.batches = o.batches;
+  mo.contexts = o.contexts;
+  mo.repeats = o.repeats;
+  mo.warmup = o.warmup;
+  mo.prefill_chunk = o.prefill_chunk;
+  mo.fill_chunk = o.fill_chunk;
+  mo.max_seconds = o.max_seconds;
+  mo.json_file = o.json_file;
+  nlohmann::json r = cm::cuda::run_model_bench(mo);
+  if (o.json) fmt::print("{}\n", r.dump(2));
+  else print_model_table(r);
+  return 0;
+}
+#endif
+
 int run_bench(const BenchOptions& o) {
-  CM_CHECK(o.what == "kernels", "bench: unknown target '{}' (available: kernels)", o.what);
+  CM_CHECK(o.what == "kernels" || o.what == "model", "bench: unknown target '{}' (available: kernels, model)", o.what);
+  if (o.what == "model") {
+    CM_CHECK(o.layers >= 0 && o.layers <= 43, "bench model: --layers must be in [0, 43] (0 = as many as fit), got {}",
+             o.layers);
+#ifdef CLAWMINE_HAVE_CUDA
+    if (!cm::device_available(cm::Device::CUDA))
+      cm::fail("bench model: no CUDA GPU is available here (the synthetic model runs on the CUDA backend only)");
+    return run_bench_model(o);
+#else
+    cm::fail("bench model: this clawmine was built without the CUDA backend (configure with a CUDA compiler and "
+             "-DCLAWMINE_CUDA=ON); the synthetic model runs on the CUDA backend only");
+#endif
+  }
 #ifdef CLAWMINE_HAVE_CUDA
   cm::cuda::KernelBenchOptions ko;
   ko.ms = o.ms;
@@ -100,15 +186,23 @@ int run_bench(const BenchOptions& o) {
 #endif
 }
 
-cm::cli::CommandRegistrar reg({"bench", "Benchmark GPU kernels (bench kernels [--json])", [](CLI::App& app) {
+cm::cli::CommandRegistrar reg({"bench", "Benchmark the GPU kernels or a synthetic V4-Flash model (bench kernels|model)", [](CLI::App& app) {
                                  auto o = std::make_shared<BenchOptions>();
-                                 app.add_option("what", o->what, "What to benchmark: kernels")->required();
+                                 app.add_option("what", o->what, "What to benchmark: kernels, or model (a synthetic V4-Flash on the GPU)")->required();
                                  app.add_flag("--json", o->json, "Print the results as JSON");
                                  app.add_option("--json-file", o->json_file, "Also write the results as JSON here");
                                  app.add_option("--m", o->ms, "Token counts M for the linear shapes (comma-separated)")->delimiter(',');
                                  app.add_option("--moe-tokens", o->moe_tokens, "Token counts for the grouped MoE (comma-separated)")->delimiter(',');
                                  app.add_option("--only", o->only, "Only shapes whose name contains this text");
-                                 app.add_option("--repeats", o->repeats, "Timed graph launches per measurement");
+                                 app.add_option("--repeats", o->repeats, "kernels: timed graph launches per measurement; model: timed decode steps per point (prefill: at most 3)");
+                                 app.add_option("--layers", o->layers, "model: layers of V4-Flash to build (0 = as many as fit)");
+                                 app.add_option("--prefill", o->prefill, "model: prompt lengths to prefill (comma-separated)")->delimiter(',');
+                                 app.add_option("--batches", o->batches, "model: decode batch sizes (comma-separated)")->delimiter(',');
+                                 app.add_option("--contexts", o->contexts, "model: tokens each slot holds before decode (comma-separated)")->delimiter(',');
+                                 app.add_option("--warmup", o->warmup, "model: untimed steps before each decode point");
+                                 app.add_option("--prefill-chunk", o->prefill_chunk, "model: tokens per step when prefilling a prompt");
+                                 app.add_option("--fill-chunk", o->fill_chunk, "model: tokens per step when filling a slot to a decode context");
+                                 app.add_option("--max-seconds", o->max_seconds, "model: skip the points left after this many seconds (0 = no limit)");
                                  app.add_flag("--no-pdl", o->no_pdl,
                                               "Launch the decode kernels without programmatic dependent launch");
                                  return [o]() -> int { return run_bench(*o); };

@@ -32,6 +32,7 @@
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/device_observer.h"
+#include "backend/cuda/op_timer.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
 #include "ops/hc.h"
@@ -68,7 +69,8 @@ struct NoteTag {
 
 class CudaBackend final : public ModelBackend {
  public:
-  CudaBackend(const Model& m, const BackendOptions& opt);
+  CudaBackend(const Model& m, const BackendOptions& opt, std::unique_ptr<cuda::DevModel> dm = nullptr,
+              cuda::OpTimer* timer = nullptr);
   ~CudaBackend() override;
   Device device() const override { return Device::CUDA; }
   void reserve(const CacheShape& shape) override;
@@ -107,6 +109,10 @@ class CudaBackend final : public ModelBackend {
             const std::vector<int64_t>& inner);
   void observe_entries(int64_t L, const CompressorStateView& comp, const CompressorStateView* index);
   std::string first_non_finite();
+  // Op timing (bench model): an event after each op call, labelled (op_timer.h).
+  void mark(const char* label) {
+    if (timer_) timer_->mark(label, ctx_->stream());
+  }
 
   const Model& m_;
   BackendOptions opt_;
@@ -124,6 +130,7 @@ class CudaBackend final : public ModelBackend {
   std::vector<NoteTag> notes_;
   size_t max_notes_ = 0;
   cuda::DeviceObserver obs_;  // the observer's path; every device-to-host copy
+  cuda::OpTimer* timer_ = nullptr;
   int64_t n_ = 0;  // rows of the current step
   const int32_t *d_token_ = nullptr, *d_pos_ = nullptr, *d_slot_ = nullptr, *d_rows_ = nullptr;
 };
@@ -149,13 +156,25 @@ using cuda::gib;
 // (before the Context exists); reserve() counts the Context's real bytes.
 constexpr size_t kWorkingBytes = size_t(256) << 20;
 
+// A linear's op label: its name without the "layers.<L>." prefix ("attn.wq_a"), a pointer into the name.
+const char* op_label(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return name.c_str();
+  const size_t dot = name.find('.', 7);
+  return dot == std::string::npos ? name.c_str() : name.c_str() + dot + 1;
+}
+
 }  // namespace
 
-CudaBackend::CudaBackend(const Model& m, const BackendOptions& opt) : m_(m), opt_(opt), obs_(opt.observer) {
+CudaBackend::CudaBackend(const Model& m, const BackendOptions& opt, std::unique_ptr<cuda::DevModel> dm,
+                         cuda::OpTimer* timer)
+    : m_(m), opt_(opt), obs_(opt.observer), timer_(timer) {
   if (opt.linear_inputs) cuda::throw_error("cuda: the linear-input observer (calibration) runs on the CPU backend only");
   if (opt.act_quant != ActQuant::NONE) cuda::throw_error("cuda: W4A4 emulation runs on the CPU backend only");
   // The weights first: a model that does not fit is refused before anything is allocated.
-  dm_ = cuda::upload_model(m, kWorkingBytes, opt.gpu_memory_utilization);
+  // A prebuilt device model (the synthetic bench builds it a layer at a time) is taken as is.
+  dm_ = dm ? std::move(dm) : cuda::upload_model(m, kWorkingBytes, opt.gpu_memory_utilization);
+  CM_CU_CHECK(dm_->layers.size() == size_t(m.config.num_layers), "cuda: the device model has %zu layers, the config %lld",
+              dm_->layers.size(), (long long)m.config.num_layers);
   // The split-K workspace only: the step never takes the cuBLAS prefill path, so no panels.
   ctx_ = std::make_unique<Context>(0, true, 0);
   std::fprintf(stderr, "%s\n", dm_->report.c_str());
@@ -323,6 +342,7 @@ void CudaBackend::linear(const DevLinear& w, const void* x, bool x_bf16, int64_t
                          int64_t ldy) {
   cuda::run_linear(*ctx_, w, x, x_bf16, M, ldx ? ldx : w.K * w.groups, y, false, ldy ? ldy : w.N,
                    P<uint16_t>(act_.cast));
+  if (timer_) mark(op_label(w.name));
 }
 
 // Counts the intermediate's non-finite values per row; with an observer, hands
@@ -334,6 +354,7 @@ void CudaBackend::note(const char* what, int64_t layer, const void* data, bool b
     cuda::count_non_finite(*ctx_, data, bf16, rows, width,
                            P<int32_t>(act_.counts) + int64_t(notes_.size()) * shape_.max_step_tokens);
     notes_.push_back(NoteTag{what, layer});
+    mark("count_non_finite");
   }
   if (!obs_.active()) return;
   std::vector<int64_t> shape{0};
@@ -380,13 +401,16 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
     max_pos = std::max<int64_t>(max_pos, b.pos[t]);
   }
   n_ = n;
+  if (timer_) timer_->begin(ctx.stream());
   CM_CUDA(cudaMemcpyAsync(act_.plan.get(), plan_host_, size_t(4 * N) * 4, cudaMemcpyHostToDevice, ctx.stream()));
+  mark("plan upload");
   notes_.clear();
   obs_.begin_step();
 
   // Embedding, copied into every hyper-connection stream.
   float* X = P<float>(act_.x);
   embed_rows_cuda(ctx, w.embed, d_token_, n, hc, X);
+  mark("embed");
   note("embed", -1, X, false, hc * D, {hc, D});
 
   float *A = P<float>(act_.a), *normed = P<float>(act_.normed), *out = P<float>(act_.out);
@@ -394,18 +418,24 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   for (int64_t L = 0; L < c.num_layers; ++L) {
     const cuda::DevLayer& lw = w.layers[size_t(L)];
     hc_pre_cuda(ctx, hc_params(c, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale), X, n, A, post, comb);
+    mark("hc_pre");
     rms_norm_cuda(ctx, A, lw.attn_norm.p(), n, D, c.rms_norm_eps, normed, false);
+    mark("rms_norm");
     note("attn_in", L, normed, false, D, {D});
     attention(L, n, max_pos);
     note("attn_out", L, out, false, D, {D});
     hc_post_cuda(ctx, hc, D, out, post, comb, n, X);
+    mark("hc_post");
 
     hc_pre_cuda(ctx, hc_params(c, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale), X, n, A, post, comb);
+    mark("hc_pre");
     rms_norm_cuda(ctx, A, lw.ffn_norm.p(), n, D, c.rms_norm_eps, normed, false);
+    mark("rms_norm");
     note("moe_in", L, normed, false, D, {D});
     moe(L, n);
     note("moe_out", L, out, false, D, {D});
     hc_post_cuda(ctx, hc, D, out, post, comb, n, X);
+    mark("hc_post");
     note("resid", L, X, false, hc * D, {hc, D});
   }
   for (const Segment& s : segs_) pos_[size_t(s.slot)] = s.pos0 + s.n;
@@ -416,8 +446,11 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
     cuda::gather_rows(ctx, X, d_rows_, R, hc * D, head_in);
     HcHeadParams hp{w.hc_head_fn.p(), w.hc_head_base.p(), w.hc_head_scale.p(), hc, D, c.hc_eps, c.rms_norm_eps};
     hc_head_cuda(ctx, hp, head_in, R, y);
+    mark("hc_head");
     rms_norm_cuda(ctx, y, w.norm.p(), R, D, c.rms_norm_eps, y, false);
+    mark("rms_norm");
     linear(w.head, y, false, R, logits);
+    if (timer_) timer_->end(ctx.stream());
     obs_.observe(ctx, "final_norm", y, false, {R, D});
     obs_.observe(ctx, "logits", logits, false, {R, V});
     obs_.to_host(ctx, logits_out, logits, size_t(R * V) * 4);
@@ -429,6 +462,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
                 "every layer's statistics)",
                 first_non_finite().c_str());
   } else {
+    if (timer_) timer_->end(ctx.stream());
     CM_CUDA(cudaStreamSynchronize(ctx.stream()));
     obs_.flush(ctx);
   }
@@ -467,10 +501,13 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   uint16_t *q = P<uint16_t>(a.q_bf), *kv = P<uint16_t>(a.kv_bf);
   linear(lw.wq_a, normed, false, n, qr);
   rms_norm_cuda(ctx, qr, lw.q_norm.p(), n, ql, eps, qr, false);
+  mark("rms_norm");
   linear(lw.wq_b, qr, false, n, qf);
   rms_norm_cuda(ctx, qf, nullptr, n * H, hd, eps, q, true, &rope, d_pos_, H);
+  mark("rms_norm+rope");
   linear(lw.wkv, normed, false, n, kvf);
   rms_norm_cuda(ctx, kvf, lw.kv_norm.p(), n, hd, eps, kv, true, &rope, d_pos_, 1);
+  mark("rms_norm+rope");
   note("q", L, q, true, H * hd, {H, hd});
   note("kv", L, kv, true, hd, {hd});
 
@@ -482,6 +519,7 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
     linear(lw.comp->wgate, normed, false, n, cgate);
     compressor_step_cuda(ctx, ls.comp, lw.comp->ape.p(), lw.comp->norm.p(), eps, dm_->rope_compress, ckv, cgate,
                          d_slot_, d_pos_, n);
+    mark("compressor_step");
   }
   if (kind == AttnKind::CSA) {
     float *ikv = P<float>(a.ikv), *igate = P<float>(a.igate), *iqf = P<float>(a.iqf), *iw = P<float>(a.iw);
@@ -491,6 +529,7 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
     linear(lw.index_weights_proj, normed, false, n, iw);
     compressor_step_cuda(ctx, ls.index, lw.index_comp->ape.p(), lw.index_comp->norm.p(), eps, dm_->rope_compress,
                          ikv, igate, d_slot_, d_pos_, n);
+    mark("compressor_step (indexer)");
   }
   if (lw.comp) observe_entries(L, ls.comp, kind == AttnKind::CSA ? &ls.index : nullptr);
   if (kind == AttnKind::CSA) {
@@ -500,11 +539,16 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
     int32_t* sel = P<int32_t>(a.sel);
     // Lightning indexer: top-k causal entries by Σ_h w_h·ReLU(q_h·K_i)·ihd^−½, w scaled by inh^−½.
     rope_cuda(ctx, iqf, false, iq, true, n * inh, ihd, d_pos_, inh, dm_->rope_compress, false);
+    mark("rope (indexer)");
     cuda::scale_f32(ctx, iw, n * inh, 1.0f / std::sqrt(float(inh)));
+    mark("scale");
     const int64_t ld = ls.index.max_entries;
     indexer_scores_cuda(ctx, ls.index, iq, iw, inh, d_slot_, d_pos_, n, std::min(ld, (max_pos + 1) / m), iscore, ld);
+    mark("indexer_scores");
     topk_lower_index_first_cuda(ctx, iscore, ld, d_pos_, m, n, topk, sel);
+    mark("indexer_topk");
     cuda::gather_scores(ctx, iscore, ld, sel, n, topk, sel_score);
+    mark("gather_scores");
     note("index_top_scores", L, sel_score, false, topk, {topk});
   }
 
@@ -525,9 +569,11 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
     }
   }
   attention_sink_cuda(ctx, in, q, H, hd, 1.0f / std::sqrt(float(hd)), rope, d_slot_, d_pos_, n, o);
+  mark(kind == AttnKind::SLIDING ? "attention (window)" : kind == AttnKind::CSA ? "attention (CSA)" : "attention (HCA)");
   note("attn_core", L, o, true, H * hd, {H, hd});
   // The window ring keeps each slot's last W rows for the next step.
   window_store_cuda(ctx, kv, ls.window, W, hd, d_slot_, d_pos_, n);
+  mark("window_store");
 
   // Grouped low-rank output projection (group g's heads through rows [g·ol, (g+1)·ol) of wo_a), then wo_b.
   float* u = P<float>(a.u);
@@ -542,6 +588,7 @@ void CudaBackend::expert(const cuda::DevExpert& e, const float* x, int64_t n, fl
   linear(e.w1, x, false, n, g);
   linear(e.w3, x, false, n, up);
   swiglu_cuda(*ctx_, g, up, I, n, I, m_.config.swiglu_limit, nullptr, g, false);
+  mark("swiglu");
   linear(e.w2, g, false, n, y);
 }
 
@@ -561,6 +608,7 @@ void CudaBackend::moe(int64_t L, int64_t n) {
   // route_cuda's arg-max selects nothing among NaN scores and would then index past the logits row;
   // a NaN has been counted above, so the step reports it — here it only must not fault.
   cuda::replace_nan(ctx, router, n * E, -INFINITY);
+  mark("replace_nan");
   RouterParams rp;
   rp.experts = E;
   rp.topk = K;
@@ -569,21 +617,26 @@ void CudaBackend::moe(int64_t L, int64_t n) {
   rp.tid2eid = lw.tid2eid.size() ? lw.tid2eid.as<const int32_t>() : nullptr;
   rp.vocab = c.vocab_size;
   route_cuda(ctx, rp, d_token_, router, n, eidx, ew);
+  mark("route");
 
   if (lw.experts) {
     // Packed FP4 experts: routing lists, gate/up + SwiGLU, down, k-ordered combine on the device.
     uint16_t* xb = P<uint16_t>(a.x_bf);
     cuda::cast_f32_bf16(ctx, normed, D, n, D, xb, D);
+    mark("cast_bf16");
     cuda::moe_nvfp4(ctx, *lw.experts, *moe_scratch_, xb, int(n), eidx, ew, routed);
+    mark("moe_nvfp4 (routed experts)");
   } else {
     // Experts as separate linears: each over every row, added with the row's weight for it
     // (0 when not chosen) in ascending expert order, as the CPU sums.
     float *we = P<float>(a.we), *ey = P<float>(a.ey);
     cuda::moe_expert_weights(ctx, eidx, ew, n, K, E, we);
     CM_CUDA(cudaMemsetAsync(routed, 0, size_t(n * D) * 4, ctx.stream()));
+    mark("moe_expert_weights");
     for (int64_t e = 0; e < E; ++e) {
       expert(lw.dense_experts[size_t(e)], normed, n, ey);
       cuda::axpy_rows(ctx, we + e * n, ey, n, D, routed);
+      mark("axpy_rows");
     }
   }
   note("moe_routed", L, routed, false, D, {D});
@@ -595,6 +648,7 @@ void CudaBackend::moe(int64_t L, int64_t n) {
   } else {
     CM_CUDA(cudaMemcpyAsync(out, routed, size_t(n * D) * 4, cudaMemcpyDeviceToDevice, ctx.stream()));
   }
+  mark("add");
 }
 
 bool cuda_backend_available() { return cuda::device_count() > 0; }
@@ -607,6 +661,11 @@ size_t cuda_backend_host_copies(const ModelBackend& be) {
   const auto* cb = dynamic_cast<const CudaBackend*>(&be);
   CM_CU_CHECK(cb, "cuda_backend_host_copies: not a CUDA backend");
   return cb->host_copies();
+}
+
+std::unique_ptr<ModelBackend> make_cuda_backend(const Model& m, std::unique_ptr<cuda::DevModel> dm,
+                                                cuda::OpTimer* timer, const BackendOptions& opt) {
+  return std::make_unique<CudaBackend>(m, opt, std::move(dm), timer);
 }
 
 }  // namespace cm

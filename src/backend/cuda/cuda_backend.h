@@ -29,7 +29,17 @@
 
 namespace cm {
 
+namespace cuda {
+struct DevModel;
+class OpTimer;
+}  // namespace cuda
+
 std::unique_ptr<ModelBackend> make_cuda_backend(const Model& m, const BackendOptions& opt);
+// With weights already on the device (made a layer at a time: the synthetic bench,
+// bench_model.h); m supplies the config and RoPE tables only. With a timer, each
+// step records events through it (op_timer.h; its mode says which).
+std::unique_ptr<ModelBackend> make_cuda_backend(const Model& m, std::unique_ptr<cuda::DevModel> dm,
+                                                cuda::OpTimer* timer, const BackendOptions& opt = {});
 // True when this build has the CUDA backend and a CUDA device is present.
 bool cuda_backend_available();
 // Test hook: the device-to-host copies a CUDA backend has made so far (throws for another backend).

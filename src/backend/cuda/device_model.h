@@ -71,6 +71,12 @@ struct DevLayer {
   bool has_shared = false;
 };
 
+// Device bytes per module group (the weight report; the synthetic bench's memory table).
+struct DevBytes {
+  size_t embed = 0, attn = 0, comp = 0, experts = 0, shared = 0, router = 0, small = 0;
+  size_t total() const;
+};
+
 struct DevModel {
   DeviceBuffer embed_data, embed_scale;
   DeviceWeightView embed;
@@ -81,6 +87,7 @@ struct DevModel {
   std::vector<DevLayer> layers;
   std::string report;  // bytes per module group, one line each
   size_t total_bytes = 0;
+  DevBytes bytes;
 };
 
 // Device bytes the weights will take (the stored bytes of every tensor).
@@ -105,5 +112,14 @@ std::string gib(size_t bytes);  // "1.234 GiB"
 // weights plus `workspace_bytes` (the backend's working buffers) exceed the budget for
 // `utilization`; an error while uploading frees what was uploaded.
 std::unique_ptr<DevModel> upload_model(const Model& m, size_t workspace_bytes, double utilization);
+
+// upload_model's parts, for a caller that makes the model a layer at a time and
+// frees each host layer after its upload (the synthetic bench, bench_model.h):
+// the embedding, head, final norms and RoPE; layer L into d.layers[L] (sized to
+// the config's layers on first use; a layer holding no routed expert at all
+// leaves d.layers[L].experts to the caller); then total_bytes and report.
+void upload_globals(const Model& m, DevModel& d);
+void upload_layer(const Config& c, const LayerWeights& lw, DevModel& d, int64_t L);
+void finish_report(DevModel& d);
 
 }  // namespace cm::cuda

@@ -1,0 +1,452 @@
+// The synthetic-model benchmark (see bench_model.h): building the model on the
+// device, fitting the layer count, and timing prefill and decode steps through
+// the engine seam.
+#include "backend/cuda/bench_model.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_errors.h"
+#include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/device_model.h"
+#include "backend/cuda/op_timer.h"
+#include "common/error.h"
+#include "ops/compressor.h"
+
+namespace cm::cuda {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kGiB = double(size_t(1) << 30);
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+size_t free_bytes() {
+  size_t f = 0, t = 0;
+  CM_CUDA(cudaMemGetInfo(&f, &t));
+  return f;
+}
+
+// Bytes of one routed expert in the packed layout (data + scales of w1, w3, w2).
+size_t packed_expert_bytes(int64_t D, int64_t I) { return size_t(3) * size_t(D * I / 2 + D * I / 16); }
+
+// Device-to-device copy of 1 GiB, timed with events: bytes read + written per second (median of 5).
+double copy_bandwidth_gbs() {
+  const size_t bytes = size_t(1) << 30;
+  DeviceBuffer a(bytes), b(bytes);
+  CM_CUDA(cudaMemset(a.get(), 1, bytes));
+  cudaEvent_t e0, e1;
+  CM_CUDA(cudaEventCreate(&e0));
+  CM_CUDA(cudaEventCreate(&e1));
+  std::vector<double> ms;
+  for (int i = 0; i < 7; ++i) {
+    CM_CUDA(cudaEventRecord(e0));
+    CM_CUDA(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice));
+    CM_CUDA(cudaEventRecord(e1));
+    CM_CUDA(cudaEventSynchronize(e1));
+    float t = 0;
+    CM_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 2) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * double(bytes) / (median(ms) * 1e-3) / 1e9;
+}
+
+// The backend's per-slot state of layer L at max_ctx (cuda_backend.cu's layout), for the layer fit.
+size_t state_bytes_layer(const Config& c, int64_t L, int64_t max_ctx) {
+  size_t b = size_t(c.sliding_window * c.head_dim) * 2;
+  const AttnKind k = c.attn_kinds[size_t(L)];
+  if (k == AttnKind::SLIDING) return b;
+  const int64_t m = c.ratio(L), me = std::max<int64_t>(1, max_ctx / m);
+  b += compressor_state_bytes(m, k == AttnKind::CSA ? 2 : 1, c.head_dim, me);
+  if (k == AttnKind::CSA) b += compressor_state_bytes(m, 2, c.index_head_dim, me);
+  return b;
+}
+
+// Activation bytes per step row (an estimate of the backend's buffers: logits, streams, queries, MoE scratch).
+size_t act_bytes_per_row(const Config& c, int64_t max_ctx) {
+  const int64_t D = c.hidden_size, hc = c.hc_mult, Hh = c.num_heads * c.head_dim, I = c.moe_inter;
+  const int64_t K = c.n_experts_per_tok;
+  const int64_t per = c.vocab_size * 4 + 2 * hc * D * 4 + 8 * D * 4 + Hh * (4 + 2 + 2 + 2) + c.o_groups * c.o_lora_rank * 4 +
+                      c.index_n_heads * c.index_head_dim * 6 + (max_ctx / 4) * 4 + c.n_routed_experts * 4 + 2 * I * 4 +
+                      K * (2 * I + 4 * D + 8) + (2 + 16 * c.num_layers) * 4;
+  return size_t(per);
+}
+
+// The dense (non-routed-expert) stored bytes of a layer as the synthetic builder makes it.
+size_t dense_stored_bytes(const LayerWeights& lw) {
+  size_t b = 0;
+  auto add = [&](const LinearWeight& w) { b += w.stored_bytes(); };
+  add(lw.wq_a), add(lw.wq_b), add(lw.wkv), add(lw.wo_a), add(lw.wo_b), add(lw.gate);
+  for (const CompressorWeights* cw : {lw.compressor.get(), lw.indexer ? &lw.indexer->comp : nullptr})
+    if (cw) add(cw->wkv), add(cw->wgate), b += (cw->ape.size() + cw->norm.size()) * 4;
+  if (lw.indexer) add(lw.indexer->wq_b), add(lw.indexer->weights_proj);
+  add(lw.shared.w1), add(lw.shared.w2), add(lw.shared.w3);
+  b += lw.tid2eid.size() * 4 + (lw.hc_attn.fn.size() + lw.hc_ffn.fn.size()) * 4;
+  return b;
+}
+
+void progress(const std::string& s) {
+  std::fprintf(stderr, "bench model: %s\n", s.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+SyntheticDevice::SyntheticDevice() = default;
+SyntheticDevice::~SyntheticDevice() = default;
+
+std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& shape, uint64_t seed) {
+  CM_CU_CHECK(device_count() > 0, "bench model: no CUDA device is present");
+  auto sd = std::make_unique<SyntheticDevice>();
+  sd->model = synthetic_model_shell(synthetic_config(shape));
+  const Config& c = sd->model->config;
+  const int64_t D = c.hidden_size, I = c.moe_inter, E = c.n_routed_experts;
+  CM_CU_CHECK(D % 64 == 0 && I % 64 == 0, "bench model: hidden %lld and moe_intermediate %lld must be multiples of 64",
+              (long long)D, (long long)I);
+  auto dm = std::make_unique<DevModel>();
+  {  // Embedding and head on the host only while they upload.
+    sd->model->weights = synthetic_globals(c, seed);
+    upload_globals(*sd->model, *dm);
+    sd->head_bytes = dm->head.bytes();
+    sd->model->weights = Weights{};
+  }
+  sd->expert_bytes = packed_expert_bytes(D, I);
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    const size_t need = packed_expert_bytes(D, I) * size_t(E) + (size_t(512) << 20);
+    const size_t have = free_bytes();
+    CM_CU_CHECK(need <= have, "bench model: layer %lld needs about %.2f GiB of device memory, %.2f GiB free",
+                (long long)L, double(need) / kGiB, double(have) / kGiB);
+    const size_t before = dm->bytes.total();
+    {
+      LayerWeights lw = synthetic_layer(c, L, seed, false);
+      upload_layer(c, lw, *dm, L);
+    }  // the host layer is freed here
+    DevLayer& dl = dm->layers[size_t(L)];
+    // A decode step reads all of these but the hash table (B of its rows).
+    sd->dense_layer_bytes.push_back(dm->bytes.total() - before - dl.tid2eid.size());
+    dl.experts = std::make_unique<DeviceExperts>(random_experts(D, I, 0, int(E), seed * 1000003 + uint64_t(L)));
+    dl.experts->swiglu_limit = c.swiglu_limit > 0 ? c.swiglu_limit : INFINITY;
+    // Tensor scales that give the random codes an rms of about 1/sqrt(K) (random_experts' block
+    // scales have an rms near 3.3, E2M1 codes 2.93), so activations stay finite through every layer.
+    std::vector<float> s2(size_t(E) * 3);
+    for (int64_t e = 0; e < E; ++e) {
+      s2[size_t(3 * e)] = s2[size_t(3 * e + 1)] = float(1.0 / (2.93 * 3.3 * std::sqrt(double(D))));
+      s2[size_t(3 * e + 2)] = float(1.0 / (2.93 * 3.3 * std::sqrt(double(I))));
+    }
+    dl.experts->scale2.upload(s2.data(), s2.size() * 4);
+    dm->bytes.experts += dl.experts->expert_bytes() * size_t(E) + dl.experts->scale2.size();
+  }
+  finish_report(*dm);
+  progress(dm->report);
+  const DevBytes& g = dm->bytes;
+  const double nl = double(std::max<int64_t>(1, c.num_layers));
+  auto group = [&](size_t b) { return nlohmann::json{{"total", b}, {"per_layer", double(b) / nl}}; };
+  sd->bytes = {{"embedding_and_head", g.embed},    {"attention", group(g.attn)},
+               {"compressors_and_indexers", group(g.comp)}, {"routed_experts", group(g.experts)},
+               {"shared_experts", group(g.shared)}, {"routers", group(g.router)},
+               {"norms_mhc_sinks_rope", group(g.small)}, {"total", g.total()}};
+  sd->timer = std::make_unique<OpTimer>(size_t(96 * c.num_layers + 64));
+  sd->backend = make_cuda_backend(*sd->model, std::move(dm), sd->timer.get());
+  return sd;
+}
+
+namespace {
+
+struct Bench {
+  const ModelBenchOptions& o;
+  Clock::time_point t0 = Clock::now();
+  nlohmann::json out;
+  SyntheticDevice* sd = nullptr;
+  std::vector<int32_t> tok, pos, slot;
+  std::vector<uint8_t> want;
+  std::vector<float> logits;
+  uint64_t rng = 0x1234567;
+
+  bool out_of_time(const std::string& what) {
+    if (o.max_seconds <= 0 || seconds_since(t0) < o.max_seconds) return false;
+    out["skipped"].push_back(strf("%s: skipped, the %.0f s budget (--max-seconds) was spent", what.c_str(),
+                                  o.max_seconds));
+    progress("skipped " + what + " (time budget)");
+    return true;
+  }
+  void save() {
+    if (o.json_file.empty()) return;
+    std::ofstream f(o.json_file);
+    CM_CU_CHECK(bool(f), "bench model: cannot write --json-file '%s'", o.json_file.c_str());
+    f << out.dump(2) << "\n";
+  }
+  // reserve() with step rows halved (down to min_rows) while the device lacks the memory; the rows it got.
+  int64_t reserve_shrinking(int32_t slots, int64_t rows, int64_t ctx, int64_t min_rows) {
+    for (;;) {
+      try {
+        sd->backend->reserve(CacheShape{slots, int32_t(rows), ctx});
+        return rows;
+      } catch (const Error& e) {
+        if (rows / 2 < min_rows) throw;
+        out["notes"]["reserve"] = strf("%lld-row steps did not fit (%s); steps of %lld rows instead", (long long)rows,
+                                       e.what(), (long long)(rows / 2));
+        progress(out["notes"]["reserve"].get<std::string>());
+        rows /= 2;
+      }
+    }
+  }
+  int32_t random_token() {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return int32_t(2 + (rng >> 33) % uint64_t(sd->model->config.vocab_size - 2));
+  }
+  // One step of n tokens for `slot` s continuing its positions (logits of the last row only).
+  void prefill_step(int32_t s, int64_t n) {
+    ModelBackend& be = *sd->backend;
+    tok.resize(size_t(n)), pos.resize(size_t(n)), slot.assign(size_t(n), s), want.assign(size_t(n), 0);
+    const int64_t p0 = be.slot_pos(s);
+    for (int64_t i = 0; i < n; ++i) tok[size_t(i)] = random_token(), pos[size_t(i)] = int32_t(p0 + i);
+    want[size_t(n - 1)] = 1;
+    logits.resize(size_t(sd->model->config.vocab_size));
+    be.step(Batch{int32_t(n), tok.data(), pos.data(), slot.data(), want.data()}, logits.data());
+  }
+  void prefill(int32_t s, int64_t tokens, int64_t chunk) {
+    for (int64_t done = 0; done < tokens; done += chunk) prefill_step(s, std::min(chunk, tokens - done));
+  }
+  // One decode step: a token for each of slots [0, B), logits for every row.
+  void decode_step(int64_t B) {
+    ModelBackend& be = *sd->backend;
+    tok.resize(size_t(B)), pos.resize(size_t(B)), slot.resize(size_t(B)), want.assign(size_t(B), 1);
+    for (int64_t i = 0; i < B; ++i)
+      tok[size_t(i)] = random_token(), slot[size_t(i)] = int32_t(i), pos[size_t(i)] = int32_t(be.slot_pos(int32_t(i)));
+    logits.resize(size_t(B * sd->model->config.vocab_size));
+    be.step(Batch{int32_t(B), tok.data(), pos.data(), slot.data(), want.data()}, logits.data());
+  }
+};
+
+// Expected distinct experts among B tokens each choosing K of E uniformly.
+double expected_experts(int64_t E, int64_t K, int64_t B) {
+  return double(E) * (1.0 - std::pow(1.0 - double(K) / double(E), double(B)));
+}
+
+}  // namespace
+
+nlohmann::json run_model_bench(const ModelBenchOptions& o) {
+  CM_CU_CHECK(device_count() > 0, "bench model: no CUDA device is present");
+  CM_CU_CHECK(o.repeats >= 1 && o.warmup >= 0, "bench model: --repeats must be >= 1");
+  CM_CU_CHECK(o.prefill_chunk >= 1 && o.fill_chunk >= 1, "bench model: chunk sizes must be >= 1");
+  for (int64_t b : o.batches) CM_CU_CHECK(b >= 1, "bench model: batch sizes must be >= 1, got %lld", (long long)b);
+  for (int64_t x : o.contexts) CM_CU_CHECK(x >= 1, "bench model: contexts must be >= 1, got %lld", (long long)x);
+  for (int64_t x : o.prefill) CM_CU_CHECK(x >= 1, "bench model: prefill lengths must be >= 1, got %lld", (long long)x);
+  Bench bn{o};
+  nlohmann::json& out = bn.out;
+  cudaDeviceProp prop{};
+  CM_CUDA(cudaGetDeviceProperties(&prop, 0));
+  out["gpu"] = prop.name;
+  out["skipped"] = nlohmann::json::array();
+  out["errors"] = nlohmann::json::array();
+  const double copy_gbs = copy_bandwidth_gbs();
+  out["copy_gbs"] = copy_gbs;
+  progress(strf("device-to-device copy %.0f GB/s (read + write)", copy_gbs));
+
+  // The layer count: as many of Flash's layers as fit next to the largest benchmark.
+  const int64_t max_b = o.batches.empty() ? 1 : *std::max_element(o.batches.begin(), o.batches.end());
+  const int64_t max_c = o.contexts.empty() ? 1 : *std::max_element(o.contexts.begin(), o.contexts.end());
+  const int64_t max_p = o.prefill.empty() ? 1 : *std::max_element(o.prefill.begin(), o.prefill.end());
+  const int64_t decode_margin = int64_t(o.batches.size()) * (o.warmup + o.repeats + 2) + 8;
+  SyntheticShape shape = o.shape;
+  {
+    SyntheticShape all = shape;
+    const Config c = synthetic_config(all);
+    const int64_t decode_rows = std::max(o.fill_chunk, max_b), prefill_rows = std::min(o.prefill_chunk, max_p);
+    const size_t expert = packed_expert_bytes(c.hidden_size, c.moe_inter) * size_t(c.n_routed_experts);
+    const size_t globals = size_t(2 * c.vocab_size * c.hidden_size * 2);
+    const size_t margin = size_t(4) << 30;
+    const size_t free0 = free_bytes();
+    int64_t fit = 0;
+    size_t weights = globals, state_decode = 0, state_prefill = 0;
+    const size_t act_decode = size_t(decode_rows) * act_bytes_per_row(c, max_c + decode_margin);
+    const size_t act_prefill = size_t(prefill_rows) * act_bytes_per_row(c, max_p);
+    std::vector<size_t> dense_by_kind(6, 0);  // (attention kind, hash or score routing): a layer's dense bytes
+    for (int64_t L = 0; L < c.num_layers; ++L) {
+      const size_t kind = size_t(c.attn_kinds[size_t(L)]) * 2 + (c.moe_kinds[size_t(L)] == MoeKind::HASH ? 1 : 0);
+      if (!dense_by_kind[kind]) dense_by_kind[kind] = dense_stored_bytes(synthetic_layer(c, L, o.seed, false));
+      const size_t w = dense_by_kind[kind] + expert;
+      const size_t sdl = state_bytes_layer(c, L, max_c + decode_margin) * size_t(max_b);
+      const size_t spl = state_bytes_layer(c, L, max_p);
+      // The prefill and decode reservations never coexist (reserve() frees the previous one).
+      const size_t need = weights + w + std::max(state_decode + sdl + act_decode, state_prefill + spl + act_prefill) +
+                          margin;
+      if (o.layers > 0 ? L >= o.layers : need > free0) break;
+      weights += w, state_decode += sdl, state_prefill += spl, fit = L + 1;
+    }
+    const std::string arith = strf(
+        "%.2f GiB free; embedding + head %.2f GiB; %lld layers of about %.2f GiB of weights each (%.2f GiB routed "
+        "experts); state for the largest decode (%lld slots x %lld tokens) %.2f GiB + activations for its %lld-row "
+        "steps about %.2f GiB (the prefill's %lld-row steps: %.2f GiB, not at the same time); %.0f GiB margin "
+        "(workspace, allocator)%s",
+        double(free0) / kGiB, double(globals) / kGiB, (long long)fit,
+        fit ? double(weights - globals) / double(fit) / kGiB : 0.0, double(expert) / kGiB, (long long)max_b,
+        (long long)(max_c + decode_margin), double(state_decode) / kGiB, (long long)decode_rows,
+        double(act_decode) / kGiB, (long long)prefill_rows, double(act_prefill) / kGiB, double(margin) / kGiB,
+        o.layers > 0 ? " (--layers given)" : "");
+    CM_CU_CHECK(fit >= 1, "bench model: not even one layer fits: %s", arith.c_str());
+    if (o.layers > 0 && fit < o.layers) progress("V4-Flash has only " + std::to_string(fit) + " layers");
+    out["layers_arithmetic"] = arith;
+    progress(strf("layers: %lld (%s)", (long long)fit, arith.c_str()));
+    shape.layers = fit;
+    if (shape.ratios.size() > size_t(fit)) shape.ratios.resize(size_t(fit));
+  }
+  const double tb = seconds_since(bn.t0);
+  auto sd = make_synthetic_device(shape, o.seed);
+  bn.sd = sd.get();
+  const Config& c = sd->model->config;
+  ModelBackend& be = *sd->backend;
+  OpTimer& timer = *sd->timer;
+  const int64_t NL = c.num_layers;
+  progress(strf("built %lld layers on the device in %.1f s", (long long)NL, seconds_since(bn.t0) - tb));
+  out["layers"] = NL;
+  out["config"] = synthetic_config_json(shape);
+  out["memory"] = {{"weights", sd->bytes}, {"dense_bytes_per_layer", sd->dense_layer_bytes}};
+  for (int64_t ctx : o.contexts)
+    out["memory"]["bytes_per_slot"][std::to_string(ctx)] = be.bytes_per_slot(CacheShape{1, 1, ctx});
+  out["notes"] = {
+      {"prefill", "one slot; a prompt of random tokens fed in steps of up to prefill_chunk tokens, logits of the "
+                  "last row only; wall = host time of the steps (each ends in a device sync); tok_s = tokens / "
+                  "median wall"},
+      {"decode", "B slots each holding `context` tokens (slot 0 filled by prefill steps of fill_chunk tokens, the "
+                 "others copy_slot copies of it), then steps of one random token per slot; step_ms = median host "
+                 "wall time of a step (plan upload, every kernel, B x vocab fp32 logits copied to the host, one "
+                 "sync) = the time per token of each sequence; gpu_ms = median CUDA-event span on the backend's "
+                 "stream from the step's first op to the end of the LM head; tok_s = B / step_ms"},
+      {"us_per_layer", "gpu_ms / layers (includes the embedding and LM head spread over the layers)"},
+      {"floor", "weight bytes a decode step reads: every layer's dense weights (attention, compressors, indexer, "
+                "router, shared expert, norms/mHC) + the LM head + expected distinct routed experts per layer "
+                "E(1-(1-K/E)^B) x expert bytes (uniform random routing) ; floor_ms = bytes / copy_gbs (a same-run "
+                "1 GiB cudaMemcpy D2D, read + write bytes per second); ratio = gpu_ms / floor_ms"},
+      {"top_ops", "one eager decode step with a CUDA event after every op call (cuda/op_timer.h): time between "
+                  "consecutive events per op label, summed over the layers; a linear is labelled by its weight "
+                  "(its bf16 cast included), other ops by kernel family; the events between kernels also stop programmatic "
+                  "dependent launch from overlapping them, so the profiled step's span is longer than gpu_ms"}};
+  out["prefill"] = nlohmann::json::array();
+  out["decode"] = nlohmann::json::array();
+  bn.save();
+
+  // Prefill.
+  for (int64_t P : o.prefill) {
+    if (bn.out_of_time("prefill " + std::to_string(P))) continue;
+    try {
+      const int64_t chunk = bn.reserve_shrinking(1, std::min(o.prefill_chunk, P), P, std::min<int64_t>(P, 256));
+      std::vector<double> wall, gpu;
+      const int reps = std::min(o.repeats, 3);
+      for (int r = 0; r < 1 + reps; ++r) {
+        be.reset_slot(0);
+        double g = 0;
+        timer.set_mode(OpTimer::Mode::SPAN);
+        const auto t = Clock::now();
+        for (int64_t done = 0; done < P; done += chunk) {
+          bn.prefill_step(0, std::min(chunk, P - done));
+          g += timer.span_ms();
+        }
+        const double w = seconds_since(t) * 1e3;
+        timer.set_mode(OpTimer::Mode::OFF);
+        if (r > 0) wall.push_back(w), gpu.push_back(g);
+      }
+      const double w = median(wall), g = median(gpu);
+      out["prefill"].push_back({{"tokens", P}, {"chunk", chunk}, {"wall_ms", w}, {"gpu_ms", g},
+                                {"tok_s", double(P) / (w * 1e-3)}, {"gpu_tok_s", double(P) / (g * 1e-3)}});
+      progress(strf("prefill %lld tokens: %.1f ms, %.0f tok/s", (long long)P, w, double(P) / (w * 1e-3)));
+    } catch (const std::exception& e) {
+      out["errors"].push_back(strf("prefill %lld: %s", (long long)P, e.what()));
+      progress(strf("prefill %lld failed: %s", (long long)P, e.what()));
+    }
+    bn.save();
+  }
+
+  // Decode at each context.
+  for (int64_t ctx : o.contexts) {
+    if (bn.out_of_time("decode at context " + std::to_string(ctx))) continue;
+    // Filling slot 0 takes about ctx / (the measured prefill rate); skip a context that cannot finish in the budget.
+    if (o.max_seconds > 0 && !out["prefill"].empty()) {
+      const double rate = out["prefill"].back()["tok_s"].get<double>();
+      const double left = o.max_seconds - seconds_since(bn.t0);
+      if (rate > 0 && double(ctx) / rate > left) {
+        out["skipped"].push_back(strf("decode at context %lld: filling it would take about %.0f s at %.0f tok/s, "
+                                      "%.0f s of the --max-seconds budget are left",
+                                      (long long)ctx, double(ctx) / rate, rate, left));
+        progress("skipped decode at context " + std::to_string(ctx) + " (time budget)");
+        continue;
+      }
+    }
+    try {
+      const int64_t fill = bn.reserve_shrinking(int32_t(max_b), std::max(o.fill_chunk, max_b), ctx + decode_margin,
+                                                std::max<int64_t>(max_b, 256));
+      const auto tf = Clock::now();
+      bn.prefill(0, ctx, fill);
+      for (int32_t s = 1; s < int32_t(max_b); ++s) be.copy_slot(0, s);
+      out["fill_seconds"][std::to_string(ctx)] = seconds_since(tf);
+      progress(strf("filled slot 0 to %lld tokens and copied it to %lld slots in %.1f s", (long long)ctx,
+                    (long long)max_b - 1, seconds_since(tf)));
+      for (int64_t B : o.batches) {
+        if (bn.out_of_time(strf("decode batch %lld context %lld", (long long)B, (long long)ctx))) continue;
+        std::vector<double> wall, gpu;
+        for (int r = 0; r < o.warmup + o.repeats; ++r) {
+          timer.set_mode(OpTimer::Mode::SPAN);
+          const auto t = Clock::now();
+          bn.decode_step(B);
+          const double w = seconds_since(t) * 1e3;
+          if (r >= o.warmup) wall.push_back(w), gpu.push_back(timer.span_ms());
+        }
+        timer.set_mode(OpTimer::Mode::OFF);
+        const double w = median(wall), g = median(gpu);
+        double bytes = double(sd->head_bytes);
+        const double ex = expected_experts(c.n_routed_experts, c.n_experts_per_tok, B);
+        for (size_t db : sd->dense_layer_bytes) bytes += double(db) + ex * double(sd->expert_bytes);
+        const double floor_ms = bytes / (copy_gbs * 1e9) * 1e3;
+        out["decode"].push_back({{"context", ctx}, {"batch", B}, {"step_ms", w}, {"gpu_ms", g},
+                                 {"tok_s", double(B) / (w * 1e-3)}, {"us_per_layer", g * 1e3 / double(NL)},
+                                 {"expected_experts_per_layer", ex}, {"weight_bytes", bytes}, {"floor_ms", floor_ms},
+                                 {"ratio_to_floor", g / floor_ms}});
+        progress(strf("decode B=%lld ctx=%lld: step %.3f ms (GPU %.3f ms, %.1f us/layer), floor %.3f ms, %.2fx",
+                      (long long)B, (long long)ctx, w, g, g * 1e3 / double(NL), floor_ms, g / floor_ms));
+        bn.save();
+      }
+      // The top ops of one decode step at the smallest and the largest batch (first context only).
+      if (!out.contains("top_ops") && !o.batches.empty())
+        for (int64_t B : {o.batches.front(), max_b}) {
+          timer.set_mode(OpTimer::Mode::OPS);
+          bn.decode_step(B);
+          std::vector<OpTimer::OpTime> t = timer.totals();
+          const double span = timer.span_ms();
+          timer.set_mode(OpTimer::Mode::OFF);
+          std::sort(t.begin(), t.end(), [](const OpTimer::OpTime& a, const OpTimer::OpTime& b) { return a.ms > b.ms; });
+          nlohmann::json ops = nlohmann::json::array();
+          for (size_t i = 0; i < t.size() && i < 10; ++i)
+            ops.push_back({{"op", t[i].label}, {"calls", t[i].calls}, {"us", t[i].ms * 1e3},
+                           {"share", t[i].ms / span}});
+          out["top_ops"].push_back({{"batch", B}, {"context", ctx}, {"span_us", span * 1e3}, {"ops", ops}});
+          if (B == max_b) break;
+        }
+    } catch (const std::exception& e) {
+      out["errors"].push_back(strf("decode at context %lld: %s", (long long)ctx, e.what()));
+      progress(strf("decode at context %lld failed: %s", (long long)ctx, e.what()));
+    }
+    bn.save();
+  }
+  out["seconds"] = seconds_since(bn.t0);
+  bn.save();
+  return out;
+}
+
+}  // namespace cm::cuda
