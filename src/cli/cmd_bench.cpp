@@ -113,13 +113,22 @@ void print_model_table(const nlohmann::json& r) {
                d["gpu_ms"].get<double>(), d["tok_s"].get<double>(), d["us_per_layer"].get<double>(),
                d["expected_experts_per_layer"].get<double>(), d["floor_ms"].get<double>(),
                d["ratio_to_floor"].get<double>());
+  const auto print_ops = [](const nlohmann::json& t) {
+    for (auto& op : t["ops"])
+      fmt::print("  {:<34} {:>5} calls {:>10.1f} us {:>6.1f}%\n", op["op"].get<std::string>(), op["calls"].get<int>(),
+                 op["us"].get<double>(), 100.0 * op["share"].get<double>());
+  };
+  if (r.contains("prefill_top_ops")) {
+    const auto& t = r["prefill_top_ops"];
+    fmt::print("\ntop ops of one prefill step of {} tokens (event-timed, span {:.1f} us):\n", t["tokens"].get<int64_t>(),
+               t["span_us"].get<double>());
+    print_ops(t);
+  }
   if (r.contains("top_ops"))
     for (auto& t : r["top_ops"]) {
       fmt::print("\ntop ops of one decode step, batch {} context {} (event-timed, span {:.1f} us):\n",
                  t["batch"].get<int64_t>(), t["context"].get<int64_t>(), t["span_us"].get<double>());
-      for (auto& op : t["ops"])
-        fmt::print("  {:<34} {:>5} calls {:>10.1f} us {:>6.1f}%\n", op["op"].get<std::string>(), op["calls"].get<int>(),
-                   op["us"].get<double>(), 100.0 * op["share"].get<double>());
+      print_ops(t);
     }
   for (auto& s : r["skipped"]) fmt::print("skipped: {}\n", s.get<std::string>());
   for (auto& s : r["errors"]) fmt::print("error: {}\n", s.get<std::string>());

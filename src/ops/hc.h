@@ -51,10 +51,13 @@ size_t hc_head_scratch_floats(int64_t hc, int64_t dim, int64_t tokens);
 namespace cuda {
 class Context;
 }
+// scratch: hc_mix_scratch_floats(hc, dim, tokens) floats of device memory (the
+// dot products' partial sums; enough for hc_pre and hc_head).
+size_t hc_mix_scratch_floats(int64_t hc, int64_t dim, int64_t tokens);
 void hc_pre_cuda(cuda::Context& ctx, const HcParams& p, const float* x, int64_t tokens, float* collapsed, float* post,
-                 float* comb);
+                 float* comb, float* scratch);
 void hc_post_cuda(cuda::Context& ctx, int64_t hc, int64_t dim, const float* out, const float* post, const float* comb,
                   int64_t tokens, float* x);
-void hc_head_cuda(cuda::Context& ctx, const HcHeadParams& p, const float* x, int64_t tokens, float* y);
+void hc_head_cuda(cuda::Context& ctx, const HcHeadParams& p, const float* x, int64_t tokens, float* y, float* scratch);
 
 }  // namespace cm

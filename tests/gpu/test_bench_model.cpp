@@ -98,4 +98,7 @@ TEST(BenchModelGpu, TinyBenchFillsEveryTable) {
   EXPECT_GT(share, 0.2);  // the top 10 of the ~41 op labels hold at least a quarter by pigeonhole
   EXPECT_LE(share, 1.0 + 1e-6);
   EXPECT_GT(r["copy_gbs"].get<double>(), 100.0);
+  ASSERT_TRUE(r.contains("prefill_top_ops"));  // one profiled prefill step of the first prompt's chunk
+  EXPECT_EQ(r["prefill_top_ops"]["tokens"].get<int64_t>(), 16);
+  EXPECT_FALSE(r["prefill_top_ops"]["ops"].empty());
 }

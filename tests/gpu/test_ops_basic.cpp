@@ -196,7 +196,8 @@ TEST(GpuOps, HyperConnections) {
     HcParams cp{fn.data(), base.data(), scale.data(), hc, D, 20, 1e-6f, 1e-6f};
     HcParams gp{dfn.as<float>(), db.as<float>(), ds.as<float>(), hc, D, 20, 1e-6f, 1e-6f};
     Guarded<float> a(size_t(T * D)), post(size_t(T * hc)), comb(size_t(T * hc * hc));
-    hc_pre_cuda(ctx, gp, dx.as<float>(), T, a.ptr(), post.ptr(), comb.ptr());
+    Guarded<float> part(hc_mix_scratch_floats(hc, D, T));
+    hc_pre_cuda(ctx, gp, dx.as<float>(), T, a.ptr(), post.ptr(), comb.ptr(), part.ptr());
     std::vector<float> ra(size_t(T * D)), rpost(size_t(T * hc)), rcomb(size_t(T * hc * hc));
     hc_pre_cpu(cp, x.data(), T, ra.data(), rpost.data(), rcomb.data());
     const std::string sh = shape({{"tokens", T}, {"hc", hc}, {"dim", D}});
@@ -204,6 +205,18 @@ TEST(GpuOps, HyperConnections) {
     expect_err("hc_pre collapsed", sh, max_rel(a.get(), ra), 1e-4);
     expect_err("hc_pre post", sh, max_rel(post.get(), rpost), 1e-4);
     expect_err("hc_pre comb (Sinkhorn)", sh, max_rel(comb.get(), rcomb), 1e-4);
+    (void)part.get();  // the partial sums stay inside their scratch (canaries)
+    // A token's result does not depend on the tokens sharing its step (the partial sums are per
+    // token and chunk): the last token alone gives the same bits as inside the batch.
+    {
+      Guarded<float> a1{size_t(D)}, post1{size_t(hc)}, comb1{size_t(hc * hc)}, part1{hc_mix_scratch_floats(hc, D, 1)};
+      hc_pre_cuda(ctx, gp, dx.as<float>() + (T - 1) * n, 1, a1.ptr(), post1.ptr(), comb1.ptr(), part1.ptr());
+      ctx.sync();
+      const std::vector<float> all = a.get(), one = a1.get(), callc = comb.get(), conec = comb1.get();
+      EXPECT_EQ(std::memcmp(one.data(), all.data() + (T - 1) * D, size_t(D) * 4), 0) << "hc_pre collapsed, " << sh;
+      EXPECT_EQ(std::memcmp(conec.data(), callc.data() + (T - 1) * hc * hc, size_t(hc * hc) * 4), 0)
+          << "hc_pre comb, " << sh;
+    }
 
     // hc_post on the CPU's post/comb (so only the post op is measured), in place.
     std::vector<float> out = gputest::rand_f32(size_t(T * D), r, 1.0f);
@@ -217,12 +230,13 @@ TEST(GpuOps, HyperConnections) {
 
     HcHeadParams hp{hfn.data(), hbase.data(), hscale.data(), hc, D, 1e-6f, 1e-6f};
     HcHeadParams ghp{dhfn.as<float>(), dhb.as<float>(), dhs.as<float>(), hc, D, 1e-6f, 1e-6f};
-    Guarded<float> y(size_t(T * D));
-    hc_head_cuda(ctx, ghp, dx.as<float>(), T, y.ptr());
+    Guarded<float> y(size_t(T * D)), hpart(hc_mix_scratch_floats(hc, D, T));
+    hc_head_cuda(ctx, ghp, dx.as<float>(), T, y.ptr(), hpart.ptr());
     std::vector<float> ry(size_t(T * D));
     hc_head_cpu(hp, x.data(), T, ry.data());
     ctx.sync();
     expect_err("hc_head", sh, max_rel(y.get(), ry), 1e-4);
+    (void)hpart.get();
   }
 }
 

@@ -236,6 +236,22 @@ struct Bench {
 };
 
 // Expected distinct experts among B tokens each choosing K of E uniformly.
+// The ten most expensive ops of one step run by `step` with a CUDA event after every op call:
+// {"span_us", "ops": [{"op", "calls", "us", "share"}]}.
+template <typename Step>
+nlohmann::json top_ops(OpTimer& timer, Step&& step) {
+  timer.set_mode(OpTimer::Mode::OPS);
+  step();
+  std::vector<OpTimer::OpTime> t = timer.totals();
+  const double span = timer.span_ms();
+  timer.set_mode(OpTimer::Mode::OFF);
+  std::sort(t.begin(), t.end(), [](const OpTimer::OpTime& a, const OpTimer::OpTime& b) { return a.ms > b.ms; });
+  nlohmann::json ops = nlohmann::json::array();
+  for (size_t i = 0; i < t.size() && i < 10; ++i)
+    ops.push_back({{"op", t[i].label}, {"calls", t[i].calls}, {"us", t[i].ms * 1e3}, {"share", t[i].ms / span}});
+  return {{"span_us", span * 1e3}, {"ops", ops}};
+}
+
 double expected_experts(int64_t E, int64_t K, int64_t B) {
   return double(E) * (1.0 - std::pow(1.0 - double(K) / double(E), double(B)));
 }
@@ -367,6 +383,11 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
       out["prefill"].push_back({{"tokens", P}, {"chunk", chunk}, {"wall_ms", w}, {"gpu_ms", g},
                                 {"tok_s", double(P) / (w * 1e-3)}, {"gpu_tok_s", double(P) / (g * 1e-3)}});
       progress(strf("prefill %lld tokens: %.1f ms, %.0f tok/s", (long long)P, w, double(P) / (w * 1e-3)));
+      if (!out.contains("prefill_top_ops")) {  // one step of the first prompt's chunk, from an empty slot
+        be.reset_slot(0);
+        out["prefill_top_ops"] = top_ops(timer, [&] { bn.prefill_step(0, chunk); });
+        out["prefill_top_ops"]["tokens"] = chunk;
+      }
     } catch (const std::exception& e) {
       out["errors"].push_back(strf("prefill %lld: %s", (long long)P, e.what()));
       progress(strf("prefill %lld failed: %s", (long long)P, e.what()));
@@ -390,15 +411,32 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
       }
     }
     try {
-      const int64_t fill = bn.reserve_shrinking(int32_t(max_b), std::max(o.fill_chunk, max_b), ctx + decode_margin,
-                                                std::max<int64_t>(max_b, 256));
+      // The largest batch whose state fits at this context (the layer count was chosen for the largest
+      // context and batch together only when both fit); the batches above it are reported as skipped.
+      std::vector<int64_t> batches = o.batches;
+      std::sort(batches.begin(), batches.end());
+      int64_t fill = 0;
+      while (!batches.empty()) {
+        const int64_t b = batches.back();
+        try {
+          fill = bn.reserve_shrinking(int32_t(b), std::max(o.fill_chunk, b), ctx + decode_margin,
+                                      std::max<int64_t>(b, 256));
+          break;
+        } catch (const Error& e) {
+          out["skipped"].push_back(strf("decode batch %lld at context %lld: %s", (long long)b, (long long)ctx, e.what()));
+          progress(strf("skipped decode batch %lld at context %lld (does not fit)", (long long)b, (long long)ctx));
+          batches.pop_back();
+        }
+      }
+      if (batches.empty()) continue;
+      const int64_t top_b = batches.back();
       const auto tf = Clock::now();
       bn.prefill(0, ctx, fill);
-      for (int32_t s = 1; s < int32_t(max_b); ++s) be.copy_slot(0, s);
+      for (int32_t s = 1; s < int32_t(top_b); ++s) be.copy_slot(0, s);
       out["fill_seconds"][std::to_string(ctx)] = seconds_since(tf);
       progress(strf("filled slot 0 to %lld tokens and copied it to %lld slots in %.1f s", (long long)ctx,
-                    (long long)max_b - 1, seconds_since(tf)));
-      for (int64_t B : o.batches) {
+                    (long long)top_b - 1, seconds_since(tf)));
+      for (int64_t B : batches) {
         if (bn.out_of_time(strf("decode batch %lld context %lld", (long long)B, (long long)ctx))) continue;
         std::vector<double> wall, gpu;
         for (int r = 0; r < o.warmup + o.repeats; ++r) {
@@ -423,20 +461,13 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
         bn.save();
       }
       // The top ops of one decode step at the smallest and the largest batch (first context only).
-      if (!out.contains("top_ops") && !o.batches.empty())
-        for (int64_t B : {o.batches.front(), max_b}) {
-          timer.set_mode(OpTimer::Mode::OPS);
-          bn.decode_step(B);
-          std::vector<OpTimer::OpTime> t = timer.totals();
-          const double span = timer.span_ms();
-          timer.set_mode(OpTimer::Mode::OFF);
-          std::sort(t.begin(), t.end(), [](const OpTimer::OpTime& a, const OpTimer::OpTime& b) { return a.ms > b.ms; });
-          nlohmann::json ops = nlohmann::json::array();
-          for (size_t i = 0; i < t.size() && i < 10; ++i)
-            ops.push_back({{"op", t[i].label}, {"calls", t[i].calls}, {"us", t[i].ms * 1e3},
-                           {"share", t[i].ms / span}});
-          out["top_ops"].push_back({{"batch", B}, {"context", ctx}, {"span_us", span * 1e3}, {"ops", ops}});
-          if (B == max_b) break;
+      if (!out.contains("top_ops"))
+        for (int64_t B : {batches.front(), top_b}) {
+          nlohmann::json t = top_ops(timer, [&] { bn.decode_step(B); });
+          t["batch"] = B;
+          t["context"] = ctx;
+          out["top_ops"].push_back(t);
+          if (B == top_b) break;
         }
     } catch (const std::exception& e) {
       out["errors"].push_back(strf("decode at context %lld: %s", (long long)ctx, e.what()));

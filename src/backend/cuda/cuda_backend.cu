@@ -93,7 +93,7 @@ class CudaBackend final : public ModelBackend {
     DeviceBuffer x, a, normed, out, post, comb;
     DeviceBuffer qr, qf, q_bf, kvf, kv_bf, o_bf, u;
     DeviceBuffer ckv, cgate, ikv, igate, iqf, iq_bf, iw, iscore, sel, sel_score;
-    DeviceBuffer router, eidx, ew, we, x_bf, g, up, ey, routed, sy;
+    DeviceBuffer router, eidx, ew, we, x_bf, g, up, ey, routed, sy, hc_part;
     DeviceBuffer head_in, final_y, logits, cast, counts;
   };
 
@@ -250,6 +250,7 @@ void CudaBackend::reserve(const CacheShape& shape) {
       {&a.up, N * I * 4},             {&a.ey, N * D * 4},            {&a.routed, N * D * 4},
       {&a.sy, N * D * 4},             {&a.head_in, N * hc * D * 4},  {&a.final_y, N * D * 4},
       {&a.logits, N * c.vocab_size * 4}, {&a.cast, N * max_k * 2},   {&a.counts, int64_t(max_notes_) * N * 4},
+      {&a.hc_part, int64_t(hc_mix_scratch_floats(hc, D, N)) * 4},
   };
   size_t act_bytes = 0;
   for (const Want& w : wants) act_bytes += size_t(w.bytes);
@@ -417,7 +418,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   float *post = P<float>(act_.post), *comb = P<float>(act_.comb);
   for (int64_t L = 0; L < c.num_layers; ++L) {
     const cuda::DevLayer& lw = w.layers[size_t(L)];
-    hc_pre_cuda(ctx, hc_params(c, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale), X, n, A, post, comb);
+    hc_pre_cuda(ctx, hc_params(c, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale), X, n, A, post, comb, P<float>(act_.hc_part));
     mark("hc_pre");
     rms_norm_cuda(ctx, A, lw.attn_norm.p(), n, D, c.rms_norm_eps, normed, false);
     mark("rms_norm");
@@ -427,7 +428,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
     hc_post_cuda(ctx, hc, D, out, post, comb, n, X);
     mark("hc_post");
 
-    hc_pre_cuda(ctx, hc_params(c, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale), X, n, A, post, comb);
+    hc_pre_cuda(ctx, hc_params(c, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale), X, n, A, post, comb, P<float>(act_.hc_part));
     mark("hc_pre");
     rms_norm_cuda(ctx, A, lw.ffn_norm.p(), n, D, c.rms_norm_eps, normed, false);
     mark("rms_norm");
@@ -445,7 +446,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
     float *head_in = P<float>(act_.head_in), *y = P<float>(act_.final_y), *logits = P<float>(act_.logits);
     cuda::gather_rows(ctx, X, d_rows_, R, hc * D, head_in);
     HcHeadParams hp{w.hc_head_fn.p(), w.hc_head_base.p(), w.hc_head_scale.p(), hc, D, c.hc_eps, c.rms_norm_eps};
-    hc_head_cuda(ctx, hp, head_in, R, y);
+    hc_head_cuda(ctx, hp, head_in, R, y, P<float>(act_.hc_part));
     mark("hc_head");
     rms_norm_cuda(ctx, y, w.norm.p(), R, D, c.rms_norm_eps, y, false);
     mark("rms_norm");

@@ -1,9 +1,10 @@
 // mHC on the GPU (see ops/hc.h), all fp32.
-// hc_pre / hc_head: one CTA per token. Each thread accumulates, over its
-// slice of the flattened hc·D vector, the sum of squares and all (2+hc)·hc
-// (head: hc) dot products with fn; the block reduces them in a fixed order.
-// One thread then applies sigmoid and the Sinkhorn normalisation (a 4×4
-// matrix: latency, not throughput), and all threads collapse the streams.
+// hc_pre / hc_head: two kernels. The first computes the sum of squares and
+// all (2+hc)·hc (head: hc) dot products with fn as partial sums over chunks of
+// the flattened hc·D vector (many CTAs: fn is streamed once per token tile);
+// the second, one CTA per token, adds a token's partials in chunk order, one
+// thread applies sigmoid and the Sinkhorn normalisation (a 4×4 matrix:
+// latency, not throughput), and all threads collapse the streams.
 // hc_post: one thread per (token, channel) updates all hc streams in place.
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/ops_device.cuh"
@@ -56,35 +57,76 @@ __device__ void sinkhorn(float* c, int iters, float eps) {
   }
 }
 
-// HEAD: hc rows (pre only); else (2+hc)·hc rows (pre, post, comb).
+// The mixing dot products are split over the flattened hc·D vector: CTA
+// (chunk, token tile) sums elements [chunk·kChunk, (chunk+1)·kChunk) of every
+// token of its tile — one pass over its slice of fn serves the whole tile —
+// and writes one partial per (token, chunk, row). A token's partials are then
+// summed in chunk order by the finishing kernel. The arithmetic of a token
+// depends only on kChunk, never on how many tokens share the step, so one
+// prefill and any chunking give the same bits. At decode (one token) the old
+// one-CTA-per-token kernel read fn (1.5 MB for V4-Flash) on a single SM
+// (~240 µs); split over 32 CTAs it streams at full bandwidth.
+constexpr int kChunk = 512;   // elements of hc·D per CTA
+constexpr int kTileT = 2;     // tokens per CTA (the accumulators stay in registers)
+
+int64_t n_chunks(int64_t hc, int64_t dim) { return (hc * dim + kChunk - 1) / kChunk; }
+
 template <int HC, bool HEAD>
-__global__ void __launch_bounds__(kThreads) hc_mix_kernel(const HcKParams p) {
+__global__ void __launch_bounds__(kThreads) hc_mix_partial_kernel(const HcKParams p, int64_t tokens, float* part) {
   constexpr int R = HEAD ? HC : (2 + HC) * HC;
   cuda::dev::pdl_wait_and_release();
-  __shared__ float red[kThreads / 32][R + 1];
+  __shared__ float red[kThreads / 32][kTileT][R + 1];
+  const int64_t n = HC * p.dim, chunk = blockIdx.x, nch = gridDim.x, t0 = int64_t(blockIdx.y) * kTileT;
+  float acc[kTileT][R + 1];
+#pragma unroll
+  for (int u = 0; u < kTileT; ++u)
+#pragma unroll
+    for (int r = 0; r <= R; ++r) acc[u][r] = 0.f;
+  for (int64_t i = chunk * kChunk + threadIdx.x; i < min(n, (chunk + 1) * kChunk); i += kThreads) {
+    float v[kTileT];
+#pragma unroll
+    for (int u = 0; u < kTileT; ++u) {
+      v[u] = t0 + u < tokens ? p.x[(t0 + u) * n + i] : 0.f;
+      acc[u][R] += v[u] * v[u];
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float f = p.fn[r * n + i];
+#pragma unroll
+      for (int u = 0; u < kTileT; ++u) acc[u][r] += v[u] * f;
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int u = 0; u < kTileT; ++u)
+#pragma unroll
+    for (int r = 0; r <= R; ++r) {
+      const float s = cuda::dev::warp_sum(acc[u][r]);
+      if (lane == 0) red[warp][u][r] = s;
+    }
+  __syncthreads();
+  for (int k = threadIdx.x; k < kTileT * (R + 1); k += kThreads) {
+    const int u = k / (R + 1), r = k % (R + 1);
+    if (t0 + u >= tokens) continue;
+    float s = 0.f;
+    for (int w = 0; w < kThreads / 32; ++w) s += red[w][u][r];
+    part[((t0 + u) * nch + chunk) * (R + 1) + r] = s;
+  }
+}
+
+// One CTA per token: the partials summed in chunk order, then (one thread)
+// sigmoid and Sinkhorn, then all threads collapse the streams.
+template <int HC, bool HEAD>
+__global__ void __launch_bounds__(kThreads) hc_mix_finish_kernel(const HcKParams p, int64_t nch, const float* part) {
+  constexpr int R = HEAD ? HC : (2 + HC) * HC;
+  cuda::dev::pdl_wait_and_release();
   __shared__ float mix[R + 1];
   __shared__ float pre[HC];
   const int64_t t = blockIdx.x, n = HC * p.dim;
   const float* x = p.x + t * n;
-  float acc[R + 1];
-#pragma unroll
-  for (int r = 0; r <= R; ++r) acc[r] = 0.f;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-    const float v = x[i];
-    acc[R] += v * v;
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] += v * p.fn[r * n + i];
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int r = 0; r <= R; ++r) {
-    const float s = cuda::dev::warp_sum(acc[r]);
-    if (lane == 0) red[warp][r] = s;
-  }
-  __syncthreads();
   if (threadIdx.x <= R) {
     float s = 0.f;
-    for (int w = 0; w < kThreads / 32; ++w) s += red[w][threadIdx.x];
+    for (int64_t c = 0; c < nch; ++c) s += part[(t * nch + c) * (R + 1) + threadIdx.x];
     mix[threadIdx.x] = s;
   }
   __syncthreads();
@@ -134,14 +176,24 @@ __global__ void hc_post_kernel(int64_t dim, const float* out, const float* post,
   }
 }
 
+template <int HC, bool HEAD>
+void launch_mix_hc(cuda::Context& ctx, const HcKParams& p, int64_t tokens, float* part) {
+  const int64_t nch = n_chunks(HC, p.dim);
+  const dim3 grid{unsigned(nch), unsigned((tokens + kTileT - 1) / kTileT)}, block{unsigned(kThreads)};
+  cuda::launch_kernel(ctx, hc_mix_partial_kernel<HC, HEAD>, grid, block, 0, "hc_mix_partial_kernel", p, tokens, part);
+  cuda::launch_kernel(ctx, hc_mix_finish_kernel<HC, HEAD>, dim3(unsigned(tokens)), block, 0, "hc_mix_finish_kernel", p,
+                      nch, static_cast<const float*>(part));
+}
+
 template <bool HEAD>
-void launch_mix(cuda::Context& ctx, int64_t hc, const HcKParams& p, int64_t tokens) {
-  const dim3 grid{unsigned(tokens)}, block{unsigned(kThreads)};
+void launch_mix(cuda::Context& ctx, int64_t hc, const HcKParams& p, int64_t tokens, float* part) {
+  CM_CU_CHECK(part, "hc: no scratch for the partial sums (hc_mix_scratch_floats)");
+  CM_CU_CHECK((tokens + kTileT - 1) / kTileT < 65536, "hc: %lld tokens exceed the grid", (long long)tokens);
   switch (hc) {
-    case 1: cuda::launch_kernel(ctx, hc_mix_kernel<1, HEAD>, grid, block, 0, "hc_mix_kernel", p); break;
-    case 2: cuda::launch_kernel(ctx, hc_mix_kernel<2, HEAD>, grid, block, 0, "hc_mix_kernel", p); break;
-    case 3: cuda::launch_kernel(ctx, hc_mix_kernel<3, HEAD>, grid, block, 0, "hc_mix_kernel", p); break;
-    default: cuda::launch_kernel(ctx, hc_mix_kernel<4, HEAD>, grid, block, 0, "hc_mix_kernel", p); break;
+    case 1: launch_mix_hc<1, HEAD>(ctx, p, tokens, part); break;
+    case 2: launch_mix_hc<2, HEAD>(ctx, p, tokens, part); break;
+    case 3: launch_mix_hc<3, HEAD>(ctx, p, tokens, part); break;
+    default: launch_mix_hc<4, HEAD>(ctx, p, tokens, part); break;
   }
 }
 
@@ -153,20 +205,24 @@ void check_hc(const char* what, int64_t hc, int64_t dim, int64_t tokens) {
 
 }  // namespace
 
+size_t hc_mix_scratch_floats(int64_t hc, int64_t dim, int64_t tokens) {
+  return size_t(tokens * n_chunks(hc, dim) * ((2 + hc) * hc + 1));
+}
+
 void hc_pre_cuda(cuda::Context& ctx, const HcParams& p, const float* x, int64_t tokens, float* collapsed, float* post,
-                 float* comb) {
+                 float* comb, float* scratch) {
   check_hc("hc_pre_cuda", p.hc, p.dim, tokens);
   CM_CU_CHECK(p.sinkhorn_iters >= 1, "hc_pre_cuda: sinkhorn_iters must be >= 1");
   if (tokens <= 0) return;
   HcKParams k{p.fn, p.base, p.scale, p.dim, int(p.sinkhorn_iters), p.hc_eps, p.norm_eps, x, collapsed, post, comb};
-  launch_mix<false>(ctx, p.hc, k, tokens);
+  launch_mix<false>(ctx, p.hc, k, tokens, scratch);
 }
 
-void hc_head_cuda(cuda::Context& ctx, const HcHeadParams& p, const float* x, int64_t tokens, float* y) {
+void hc_head_cuda(cuda::Context& ctx, const HcHeadParams& p, const float* x, int64_t tokens, float* y, float* scratch) {
   check_hc("hc_head_cuda", p.hc, p.dim, tokens);
   if (tokens <= 0) return;
   HcKParams k{p.fn, p.base, p.scale, p.dim, 0, p.hc_eps, p.norm_eps, x, y, nullptr, nullptr};
-  launch_mix<true>(ctx, p.hc, k, tokens);
+  launch_mix<true>(ctx, p.hc, k, tokens, scratch);
 }
 
 void hc_post_cuda(cuda::Context& ctx, int64_t hc, int64_t dim, const float* out, const float* post, const float* comb,
