@@ -27,6 +27,7 @@
 #include "ops/router.h"
 #include "ops/stats.h"
 #include "ops/swiglu.h"
+#include "backend/cuda/backend_kernels.h"
 
 namespace cm {
 namespace {
@@ -313,6 +314,44 @@ TEST(GpuOps, DenseLinearsThroughCublas) {
       ctx.sync();
       expect_err("linear F32 alpha=1/8", sh, max_rel(y.get(), ref8), 1e-4);
     }
+  }
+}
+
+// The backend's dense kernel (BF16/F32 weights, f32 activations: router, compressor, indexer, a BF16
+// head): against the CPU linear over shapes with a ragged last row tile and a grouped weight, and batch
+// invariant — a row computed alone equals the same row inside a batch of M bit for bit.
+TEST(GpuOps, DenseKernelMatchesCpuAndIsBatchInvariant) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  Rng r(16);
+  // router 4096 -> 256 (M 1, 40), compressor 4096 -> 1024 (M 17), a 64 -> 16 grouped in 2 (M 33).
+  for (auto [M, N, K, groups] : {std::tuple<int64_t, int64_t, int64_t, int>{1, 256, 4096, 1}, {40, 256, 4096, 1},
+                                 {17, 1024, 4096, 1}, {33, 16, 64, 2}}) {
+    std::vector<float> wv;
+    std::vector<uint16_t> wb = gputest::rand_bf16(size_t(N * K), r, 0.05f, &wv);
+    std::vector<float> x = gputest::rand_f32(size_t(M * groups * K), r, 1.0f);
+    // Reference: row m, group g takes x[m, g·K : (g+1)·K] against weight rows g·N/groups ...
+    std::vector<float> ref(size_t(M * N));
+    const int64_t rpg = N / groups;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = 0;
+        const int64_t g = n / rpg;
+        for (int64_t k = 0; k < K; ++k)
+          acc += double(x[size_t(m * groups * K + g * K + k)]) * double(wv[size_t(n * K + k)]);
+        ref[size_t(m * N + n)] = float(acc);
+      }
+    const std::string sh = shape({{"M", M}, {"N", N}, {"K", K}, {"groups", groups}});
+    cuda::DeviceBuffer dw = to_device(wb), dx = to_device(x);
+    Guarded<float> y{size_t(M * N)}, y1{size_t(N)};
+    cuda::dense_linear(ctx, dw.get(), true, N, K, groups, dx.get(), false, M, groups * K, y.ptr(), false, N, 1.0f);
+    const int64_t last = M - 1;
+    cuda::dense_linear(ctx, dw.get(), true, N, K, groups, dx.as<float>() + last * groups * K, false, 1, groups * K,
+                       y1.ptr(), false, N, 1.0f);
+    ctx.sync();
+    const std::vector<float> all = y.get(), one = y1.get();
+    expect_err("dense kernel BF16 x f32", sh, max_rel(all, ref), 1e-5);
+    EXPECT_EQ(std::memcmp(one.data(), all.data() + last * N, size_t(N) * 4), 0) << "row " << last << " alone, " << sh;
   }
 }
 

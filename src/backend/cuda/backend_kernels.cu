@@ -26,22 +26,38 @@ __global__ void cast_kernel(const float* x, int64_t ldx, int64_t rows, int64_t c
   }
 }
 
-// One warp per output (m, n); lanes take k = lane, lane + 32, … and sum in a fixed tree.
+// One warp per output column n and a tile of kDenseRows rows: lanes take k = lane, lane + 32, …,
+// each weight value loaded once for the tile's rows, and every (m, n) sums in the same fixed tree
+// whatever the tile holds — a row's result does not depend on M (batch invariance). One row per
+// warp re-read the whole weight for every row (a 129k x 4096 head at 256 rows: 71 ms).
 constexpr int kDenseWarps = 8;
+constexpr int kDenseRows = 16;
 __global__ void dense_linear_kernel(const void* w, bool w_bf16, int64_t N, int64_t K, int64_t rows_per_group,
-                                    const void* x, bool x_bf16, int64_t ldx, void* y, bool y_bf16, int64_t ldy,
-                                    float alpha) {
+                                    const void* x, bool x_bf16, int64_t M, int64_t ldx, void* y, bool y_bf16,
+                                    int64_t ldy, float alpha) {
   pdl_wait_and_release();
-  const int64_t m = blockIdx.y;
+  const int64_t m0 = int64_t(blockIdx.y) * kDenseRows;
   const int64_t n = int64_t(blockIdx.x) * kDenseWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (n >= N) return;
+  const int rows = int(M - m0 < kDenseRows ? M - m0 : kDenseRows);
   const int64_t g = n / rows_per_group;
-  const int64_t xo = m * ldx + g * K, wo = n * K;
-  float acc = 0.f;
-  for (int64_t k = lane; k < K; k += 32) acc += load(x, x_bf16, xo + k) * load(w, w_bf16, wo + k);
-  acc = dev::warp_sum(acc);
-  if (lane == 0) store_out(y, y_bf16, m * ldy + n, acc * alpha);
+  const int64_t xo = m0 * ldx + g * K, wo = n * K;
+  float acc[kDenseRows];
+#pragma unroll
+  for (int u = 0; u < kDenseRows; ++u) acc[u] = 0.f;
+  for (int64_t k = lane; k < K; k += 32) {
+    const float wv = load(w, w_bf16, wo + k);
+#pragma unroll
+    for (int u = 0; u < kDenseRows; ++u)
+      if (u < rows) acc[u] += load(x, x_bf16, xo + u * ldx + k) * wv;
+  }
+#pragma unroll
+  for (int u = 0; u < kDenseRows; ++u) {
+    if (u >= rows) break;
+    const float v = dev::warp_sum(acc[u]);
+    if (lane == 0) store_out(y, y_bf16, (m0 + u) * ldy + n, v * alpha);
+  }
 }
 
 __global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) {
@@ -119,10 +135,10 @@ void dense_linear(Context& ctx, const void* w, bool w_bf16, int64_t N, int64_t K
   if (M <= 0) return;
   CM_CU_CHECK(groups >= 1 && N % groups == 0, "dense_linear: %lld rows do not split into %d groups", (long long)N,
               groups);
-  CM_CU_CHECK(M < 65536, "dense_linear: %lld rows exceed the grid", (long long)M);
-  const dim3 grid(unsigned((N + kDenseWarps - 1) / kDenseWarps), unsigned(M));
+  CM_CU_CHECK(M < int64_t(65536) * kDenseRows, "dense_linear: %lld rows exceed the grid", (long long)M);
+  const dim3 grid(unsigned((N + kDenseWarps - 1) / kDenseWarps), unsigned((M + kDenseRows - 1) / kDenseRows));
   launch_kernel(ctx, dense_linear_kernel, grid, dim3(32 * kDenseWarps), 0, "dense_linear_kernel", w, w_bf16, N, K,
-                N / groups, x, x_bf16, ldx, y, y_bf16, ldy, alpha);
+                N / groups, x, x_bf16, M, ldx, y, y_bf16, ldy, alpha);
 }
 
 void add_f32(Context& ctx, const float* a, const float* b, int64_t n, float* y) {
