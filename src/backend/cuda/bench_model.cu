@@ -289,7 +289,8 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
     const size_t expert = packed_expert_bytes(c.hidden_size, c.moe_inter) * size_t(c.n_routed_experts);
     const size_t globals = size_t(2 * c.vocab_size * c.hidden_size * 2);
     const size_t margin = size_t(4) << 30;
-    const size_t free0 = free_bytes();
+    // What the backend may use (its --gpu-memory-utilization budget, the default), not all that is free.
+    const size_t free0 = memory_budget(BackendOptions{}.gpu_memory_utilization).available();
     int64_t fit = 0;
     size_t weights = globals, state_decode = 0, state_prefill = 0;
     const size_t act_decode = size_t(decode_rows) * act_bytes_per_row(c, max_c + decode_margin);
@@ -308,7 +309,7 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
       weights += w, state_decode += sdl, state_prefill += spl, fit = L + 1;
     }
     const std::string arith = strf(
-        "%.2f GiB free; embedding + head %.2f GiB; %lld layers of about %.2f GiB of weights each (%.2f GiB routed "
+        "%.2f GiB available; embedding + head %.2f GiB; %lld layers of about %.2f GiB of weights each (%.2f GiB routed "
         "experts); state for the largest decode (%lld slots x %lld tokens) %.2f GiB + activations for its %lld-row "
         "steps about %.2f GiB (the prefill's %lld-row steps: %.2f GiB, not at the same time); %.0f GiB margin "
         "(workspace, allocator)%s",
