@@ -2,9 +2,10 @@
 // hc_pre / hc_head: two kernels. The first computes the sum of squares and
 // all (2+hc)·hc (head: hc) dot products with fn as partial sums over chunks of
 // the flattened hc·D vector (many CTAs: fn is streamed once per token tile);
-// the second, one CTA per token, adds a token's partials in chunk order, one
-// thread applies sigmoid and the Sinkhorn normalisation (a 4×4 matrix:
-// latency, not throughput), and all threads collapse the streams.
+// the second, one CTA per token, adds a token's partials in chunk order, its
+// first warp applies the sigmoid gates and the Sinkhorn normalisation (a 4×4
+// matrix: latency, not throughput; a lane per row / column), and all threads
+// collapse the streams.
 // hc_post: one thread per (token, channel) updates all hc streams in place.
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/ops_device.cuh"
@@ -31,10 +32,15 @@ struct HcKParams {
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-// Same order of operations as hc_sinkhorn (backend/cpu/hc.cpp).
+// Same operations as hc_sinkhorn (backend/cpu/hc.cpp), each row and each column
+// by its own thread: lanes j < HC of one warp own row j for the row steps and
+// column j for the column steps (the rows, and the columns, are independent, so
+// the results equal the serial loop's bit for bit; the serial loop on one
+// thread was ~10 µs of dependent divisions per token).
 template <int HC>
-__device__ void sinkhorn(float* c, int iters, float eps) {
-  for (int j = 0; j < HC; ++j) {
+__device__ void sinkhorn_warp(float* c, int iters, float eps) {
+  const int j = threadIdx.x & 31;
+  if (j < HC) {
     float* row = c + j * HC;
     float m = row[0];
     for (int k = 1; k < HC; ++k) m = fmaxf(m, row[k]);
@@ -42,18 +48,22 @@ __device__ void sinkhorn(float* c, int iters, float eps) {
     for (int k = 0; k < HC; ++k) s += (row[k] = expf(row[k] - m));
     for (int k = 0; k < HC; ++k) row[k] = row[k] / s + eps;
   }
+  __syncwarp();
   for (int it = 0; it < iters; ++it) {
-    if (it > 0)
-      for (int j = 0; j < HC; ++j) {
+    if (it > 0) {
+      if (j < HC) {
         float s = 0;
         for (int k = 0; k < HC; ++k) s += c[j * HC + k];
         for (int k = 0; k < HC; ++k) c[j * HC + k] /= (s + eps);
       }
-    for (int k = 0; k < HC; ++k) {
-      float s = 0;
-      for (int j = 0; j < HC; ++j) s += c[j * HC + k];
-      for (int j = 0; j < HC; ++j) c[j * HC + k] /= (s + eps);
+      __syncwarp();
     }
+    if (j < HC) {
+      float s = 0;
+      for (int r = 0; r < HC; ++r) s += c[r * HC + j];
+      for (int r = 0; r < HC; ++r) c[r * HC + j] /= (s + eps);
+    }
+    __syncwarp();
   }
 }
 
@@ -114,14 +124,15 @@ __global__ void __launch_bounds__(kThreads) hc_mix_partial_kernel(const HcKParam
   }
 }
 
-// One CTA per token: the partials summed in chunk order, then (one thread)
-// sigmoid and Sinkhorn, then all threads collapse the streams.
+// One CTA per token: the partials summed in chunk order, then (warp 0) the
+// sigmoid gates and Sinkhorn, then all threads collapse the streams.
 template <int HC, bool HEAD>
 __global__ void __launch_bounds__(kThreads) hc_mix_finish_kernel(const HcKParams p, int64_t nch, const float* part) {
   constexpr int R = HEAD ? HC : (2 + HC) * HC;
   cuda::dev::pdl_wait_and_release();
   __shared__ float mix[R + 1];
   __shared__ float pre[HC];
+  __shared__ float cm[HC * HC];
   const int64_t t = blockIdx.x, n = HC * p.dim;
   const float* x = p.x + t * n;
   if (threadIdx.x <= R) {
@@ -130,16 +141,16 @@ __global__ void __launch_bounds__(kThreads) hc_mix_finish_kernel(const HcKParams
     mix[threadIdx.x] = s;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < 32) {  // warp 0: the gates, then Sinkhorn with a thread per row / column
     const float inv = 1.0f / sqrtf(mix[R] / float(n) + p.norm_eps);
-    for (int k = 0; k < HC; ++k) pre[k] = sigmoid(mix[k] * inv * p.scale[0] + p.base[k]) + p.hc_eps;
+    const int k = threadIdx.x;
+    if (k < HC) pre[k] = sigmoid(mix[k] * inv * p.scale[0] + p.base[k]) + p.hc_eps;
     if constexpr (!HEAD) {
-      for (int k = 0; k < HC; ++k)
-        p.post[t * HC + k] = 2.0f * sigmoid(mix[HC + k] * inv * p.scale[1] + p.base[HC + k]);
-      float c[HC * HC];
-      for (int i = 0; i < HC * HC; ++i) c[i] = mix[2 * HC + i] * inv * p.scale[2] + p.base[2 * HC + i];
-      sinkhorn<HC>(c, p.iters, p.hc_eps);
-      for (int i = 0; i < HC * HC; ++i) p.comb[t * HC * HC + i] = c[i];
+      if (k < HC) p.post[t * HC + k] = 2.0f * sigmoid(mix[HC + k] * inv * p.scale[1] + p.base[HC + k]);
+      for (int i = k; i < HC * HC; i += 32) cm[i] = mix[2 * HC + i] * inv * p.scale[2] + p.base[2 * HC + i];
+      __syncwarp();
+      sinkhorn_warp<HC>(cm, p.iters, p.hc_eps);
+      for (int i = k; i < HC * HC; i += 32) p.comb[t * HC * HC + i] = cm[i];
     }
   }
   __syncthreads();
