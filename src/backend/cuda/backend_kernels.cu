@@ -146,14 +146,16 @@ __global__ void gather_scores_kernel(const float* score, int64_t ld, const int32
   }
 }
 
-__global__ void count_non_finite_kernel(const void* x, bool x_bf16, int64_t width, int32_t* count) {
+__global__ void count_non_finite_kernel(const NonFiniteBatch b) {
   pdl_wait_and_release();
   __shared__ float tmp[32];
   const int64_t r = blockIdx.x;
+  const int e = blockIdx.y;
+  const int64_t width = b.width[e];
   float bad = 0.f;
-  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) bad += isfinite(load(x, x_bf16, r * width + c)) ? 0.f : 1.f;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) bad += isfinite(load(b.x[e], b.bf16[e], r * width + c)) ? 0.f : 1.f;
   bad = dev::block_sum(bad, tmp);
-  if (threadIdx.x == 0) count[r] = int32_t(bad);
+  if (threadIdx.x == 0) b.out[e][r] = int32_t(bad);
 }
 
 }  // namespace
@@ -216,10 +218,11 @@ void gather_scores(Context& ctx, const float* score, int64_t ld, const int32_t* 
                 score, ld, idx, T, topk, out);
 }
 
-void count_non_finite(Context& ctx, const void* x, bool x_bf16, int64_t rows, int64_t width, int32_t* count) {
-  if (rows <= 0) return;
-  launch_kernel(ctx, count_non_finite_kernel, dim3(unsigned(rows)), dim3(256), 0, "count_non_finite_kernel", x,
-                x_bf16, width, count);
+void count_non_finite(Context& ctx, const NonFiniteBatch& b, int64_t rows) {
+  CM_CU_CHECK(b.count >= 0 && b.count <= NonFiniteBatch::kMax, "count_non_finite: %d intermediates in a batch", b.count);
+  if (rows <= 0 || b.count == 0) return;
+  launch_kernel(ctx, count_non_finite_kernel, dim3(unsigned(rows), unsigned(b.count)), dim3(256), 0,
+                "count_non_finite_kernel", b);
 }
 
 }  // namespace cm::cuda

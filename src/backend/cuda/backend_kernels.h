@@ -42,7 +42,17 @@ void gather_rows(Context& ctx, const float* x, const int32_t* rows, int64_t R, i
 void gather_scores(Context& ctx, const float* score, int64_t ld, const int32_t* idx, int64_t T, int64_t topk,
                    float* out);
 
-// count[r] = number of NaN/Inf values among x[r, 0:width] (f32 or bf16 rows), for r < rows.
-void count_non_finite(Context& ctx, const void* x, bool x_bf16, int64_t rows, int64_t width, int32_t* count);
+// Up to kMax intermediates whose non-finite values are counted by one launch.
+struct NonFiniteBatch {
+  static constexpr int kMax = 8;
+  int count = 0;
+  const void* x[kMax];    // rows of `width` values, f32 or bf16
+  int64_t width[kMax];
+  bool bf16[kMax];
+  int32_t* out[kMax];     // out[r] = number of NaN/Inf among x[r, 0:width]
+};
+// Counts every intermediate of the batch over its first `rows` rows, in one launch (the step
+// notes ~12 intermediates per layer: one launch each cost more than the counting).
+void count_non_finite(Context& ctx, const NonFiniteBatch& b, int64_t rows);
 
 }  // namespace cm::cuda

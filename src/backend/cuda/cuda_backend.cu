@@ -109,6 +109,7 @@ class CudaBackend final : public ModelBackend {
             const std::vector<int64_t>& inner);
   void observe_entries(int64_t L, const CompressorStateView& comp, const CompressorStateView* index);
   std::string first_non_finite();
+  void flush_counts();
   // Op timing (bench model): an event after each op call, labelled (op_timer.h).
   void mark(const char* label) {
     if (timer_) timer_->mark(label, ctx_->stream());
@@ -129,6 +130,7 @@ class CudaBackend final : public ModelBackend {
   std::vector<Segment> segs_;
   std::vector<NoteTag> notes_;
   size_t max_notes_ = 0;
+  cuda::NonFiniteBatch pending_counts_;  // noted, not yet counted (flush_counts)
   cuda::DeviceObserver obs_;  // the observer's path; every device-to-host copy
   cuda::OpTimer* timer_ = nullptr;
   int64_t n_ = 0;  // rows of the current step
@@ -346,16 +348,20 @@ void CudaBackend::linear(const DevLinear& w, const void* x, bool x_bf16, int64_t
   if (timer_) mark(op_label(w.name));
 }
 
-// Counts the intermediate's non-finite values per row; with an observer, hands
+// Queues the intermediate for counting its non-finite values per row (flush_counts); with an observer, hands
 // each slot's rows over as "l<L>.s<slot>.<what>" (device_observer.h).
 void CudaBackend::note(const char* what, int64_t layer, const void* data, bool bf16, int64_t width,
                        const std::vector<int64_t>& inner) {
-  const int64_t rows = n_;
   if (notes_.size() < max_notes_) {
-    cuda::count_non_finite(*ctx_, data, bf16, rows, width,
-                           P<int32_t>(act_.counts) + int64_t(notes_.size()) * shape_.max_step_tokens);
+    // Counted later, together (flush_counts): the buffer must stay unchanged until the next flush.
+    cuda::NonFiniteBatch& b = pending_counts_;
+    b.x[b.count] = data;
+    b.width[b.count] = width;
+    b.bf16[b.count] = bf16;
+    b.out[b.count] = P<int32_t>(act_.counts) + int64_t(notes_.size()) * shape_.max_step_tokens;
+    ++b.count;
     notes_.push_back(NoteTag{what, layer});
-    mark("count_non_finite");
+    if (b.count == cuda::NonFiniteBatch::kMax) flush_counts();
   }
   if (!obs_.active()) return;
   std::vector<int64_t> shape{0};
@@ -366,6 +372,16 @@ void CudaBackend::note(const char* what, int64_t layer, const void* data, bool b
     obs_.observe(*ctx_, note_name(what, layer, s.slot),
                  static_cast<const char*>(data) + size_t(s.row0 * width) * esize, bf16, shape);
   }
+}
+
+// Counts the non-finite values of the intermediates noted since the last flush, in one launch. The
+// step flushes before it overwrites a noted buffer: after each half of a layer (the attention half's
+// buffers are the MoE half's inputs and scratch) and when the batch is full.
+void CudaBackend::flush_counts() {
+  if (pending_counts_.count == 0) return;
+  cuda::count_non_finite(*ctx_, pending_counts_, n_);
+  pending_counts_.count = 0;
+  mark("count_non_finite");
 }
 
 // Observer only: per segment, the entries (and CSA index keys) this step completed, as the CPU names them.
@@ -406,6 +422,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   CM_CUDA(cudaMemcpyAsync(act_.plan.get(), plan_host_, size_t(4 * N) * 4, cudaMemcpyHostToDevice, ctx.stream()));
   mark("plan upload");
   notes_.clear();
+  pending_counts_.count = 0;
   obs_.begin_step();
 
   // Embedding, copied into every hyper-connection stream.
@@ -425,6 +442,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
     note("attn_in", L, normed, false, D, {D});
     attention(L, n, max_pos);
     note("attn_out", L, out, false, D, {D});
+    flush_counts();
     hc_post_cuda(ctx, hc, D, out, post, comb, n, X);
     mark("hc_post");
 
@@ -438,7 +456,9 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
     hc_post_cuda(ctx, hc, D, out, post, comb, n, X);
     mark("hc_post");
     note("resid", L, X, false, hc * D, {hc, D});
+    flush_counts();
   }
+  flush_counts();  // (each layer flushed its own; this covers a model without layers)
   for (const Segment& s : segs_) pos_[size_t(s.slot)] = s.pos0 + s.n;
 
   // Final hyper-head, norm and LM head over the rows whose logits are wanted.
