@@ -348,6 +348,8 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const AttnP
   float m = p.in.sinks[h], l = 1.0f, o[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) o[k] = 0.f;
+  // Unrolled: the loads of later segments issue before this one's merge.
+#pragma unroll 4
   for (int64_t sg = 0; sg < nseg; ++sg) {
     const int64_t row = (i * p.max_seg + sg) * p.total_heads + h;
     const float2 msl = *reinterpret_cast<const float2*>(ml + 2 * row);
