@@ -35,17 +35,38 @@ struct AttnInputs {
   const int32_t* sel = nullptr;    // CSA: [n, topk] chosen entries (−1 = none); null = all causal (HCA)
   int64_t topk = 0;
   const float* sinks = nullptr;    // [heads]
+  // fp32 scratch of the split (flash-decoding) path, or null: always the
+  // in-CTA path. workspace_floats: its capacity; a step that needs more
+  // (attention_split_floats) takes the in-CTA path. Same bits either way.
+  float* workspace = nullptr;
+  int64_t workspace_floats = 0;
 };
 
 // out[i, h] = attention with sink of q[i, h] over the window rows of
 // positions max(0, p−W+1) … p and the compressed entries, then inverse RoPE
-// at p; q bf16 [n, heads, dim], out bf16 [n, heads, dim]. One CTA per token
-// holds all heads up to heads·dim = 32768 (V4-Flash's 64 × 512): each entry is
-// loaded once for all of them (MQA); more heads split over CTAs of equal size.
+// at p; q bf16 [n, heads, dim], out bf16 [n, heads, dim].
+// One algorithm per (token, head) whatever runs it: the candidates (window
+// rows, then entries) are cut into fixed segments of 64; each segment gives
+// (m_s = max score, l_s = Σ exp(s − m_s), o_s = Σ exp(s − m_s)·e), and the
+// segments merge in order into the sink state (m = sink, l = 1, o = 0);
+// out = o / l. Heads go to CTAs in groups of up to 16 (each entry loaded once
+// per group: MQA). Two paths give the same bits: in-CTA (a CTA per token and
+// head group walks all segments: prefill) and split (a CTA per token, head
+// group and segment writes its partials to in.workspace, a second kernel
+// merges them: decode, when attention_takes_split). So a token's output
+// depends neither on its batch nor on the path.
 // dim a power of two in [8, 512]; rope_dim % 8 == 0.
 void attention_sink_cuda(cuda::Context& ctx, const AttnInputs& in, const uint16_t* q, int64_t heads, int64_t dim,
                          float scale, const RopeView& rope, const int32_t* slot, const int32_t* pos, int64_t n,
                          uint16_t* out);
+
+// Workspace floats the split path needs for n tokens of at most
+// max_candidates candidates each (window rows + top-k or entries).
+int64_t attention_split_floats(int64_t heads, int64_t dim, int64_t max_candidates, int64_t n);
+// Whether attention_sink_cuda takes the split path for these inputs: a
+// workspace large enough, more than one segment, and few tokens (the in-CTA
+// grid, n × head groups, under 2 × the SM count).
+bool attention_takes_split(const cuda::Context& ctx, const AttnInputs& in, int64_t heads, int64_t dim, int64_t n);
 
 // Keeps this step's KV rows in the window ring: the row of position p goes to
 // window[slot, p mod W] unless the same chunk also holds position p + W.

@@ -9,7 +9,8 @@
 //    top-k on the same scores (exact indices, many exact ties);
 //  - attention_sink_cuda (64 heads × 512, rope 64, window 128, top-k 512 of
 //    > 512 entries; HCA; window only; 128 heads; tiny) against
-//    attention_sink_cpu + inverse RoPE, and window_store_cuda (exact ring).
+//    attention_sink_cpu + inverse RoPE, and window_store_cuda (exact ring);
+//    its split (decode) path gives the in-CTA path's bits on the same inputs.
 // Metric max|gpu − cpu| / max|cpu|; bf16 outputs (entries, attention) are
 // bounded by 8e-3 (bf16 rounding costs up to 2^-8 ≈ 3.9e-3 of max|ref|, twice
 // as margin), f32 index scores by 1e-5 (fp32 sums over 64 × 128 terms in
@@ -244,9 +245,13 @@ struct AttnCase {
   int64_t m, topk;
   std::vector<SlotRun> runs;
   const char* name;
+  bool holes = false;  // CSA: −1 entries scattered through each selection (not only after the causal count)
 };
 
-void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed) {
+// The split path must run for want_split; it runs on the same inputs
+// whenever its workspace is not too large for the test (≤ 2^25 floats) and
+// must give the in-CTA path's bits.
+void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed, bool want_split = false) {
   Rng r(seed);
   BatchRows b(ac.runs);
   const int64_t H = ac.H, D = ac.D, W = ac.W, n = b.n();
@@ -281,6 +286,9 @@ void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed) {
       for (int64_t e = 0; e < cnt; ++e) all[size_t(e)] = int32_t(e);
       for (int64_t e = cnt - 1; e > 0; --e) std::swap(all[size_t(e)], all[size_t(r.next() % uint64_t(e + 1))]);
       for (int64_t k = 0; k < std::min(cnt, ac.topk); ++k) sel[size_t(i * ac.topk + k)] = all[size_t(k)];
+      if (ac.holes)
+        for (int64_t k = 0; k < ac.topk; ++k)
+          if (r.next() % 5 == 0) sel[size_t(i * ac.topk + k)] = -1;
     }
   }
   cuda::DeviceBuffer dring = to_device(ring), dkv = to_device(kv), dent = to_device(ent), dq = to_device(q);
@@ -302,13 +310,37 @@ void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed) {
   in.sinks = dsinks.as<float>();
   RopeView rv{dfreq.as<float>(), ac.rope, 1.0f};
   const float scale = 1.0f / std::sqrt(float(D));
-  Guarded<uint16_t> out(size_t(n * H * D)), out2(size_t(n * H * D));
+  Guarded<uint16_t> out(size_t(n * H * D)), out2(size_t(n * H * D)), out_split(size_t(n * H * D));
+  EXPECT_FALSE(attention_takes_split(ctx, in, H, D, n)) << "split without a workspace: " << ac.name;
   attention_sink_cuda(ctx, in, dq.as<uint16_t>(), H, D, scale, rv, ds.as<int32_t>(), dp.as<int32_t>(), n, out.ptr());
   attention_sink_cuda(ctx, in, dq.as<uint16_t>(), H, D, scale, rv, ds.as<int32_t>(), dp.as<int32_t>(), n, out2.ptr());
+  // The same inputs with a workspace (starts NaN, canaries around it): the split path when it applies.
+  const int64_t max_cand = W + (ac.kind == 2 ? ac.topk : ac.kind == 1 ? max_entries : 0);
+  const int64_t ws_floats = attention_split_floats(H, D, max_cand, n);
+  const bool try_split = want_split || ws_floats <= (int64_t(1) << 25);
+  Guarded<float> ws(size_t(try_split ? ws_floats : 1));
+  AttnInputs in_ws = in;
+  in_ws.workspace = ws.ptr();
+  in_ws.workspace_floats = try_split ? ws_floats : 1;
+  const bool split = attention_takes_split(ctx, in_ws, H, D, n);
+  if (want_split) {
+    EXPECT_TRUE(split) << "the split path does not run: " << ac.name;
+    AttnInputs in_short = in_ws;
+    in_short.workspace_floats = ws_floats - 1;
+    EXPECT_FALSE(attention_takes_split(ctx, in_short, H, D, n)) << "split into a workspace too small: " << ac.name;
+  }
+  if (try_split)
+    attention_sink_cuda(ctx, in_ws, dq.as<uint16_t>(), H, D, scale, rv, ds.as<int32_t>(), dp.as<int32_t>(), n,
+                        out_split.ptr());
   window_store_cuda(ctx, dkv.as<uint16_t>(), dring.as<uint16_t>(), W, D, ds.as<int32_t>(), dp.as<int32_t>(), n);
   ctx.sync();
   const std::vector<uint16_t> got_b = out.get();
   EXPECT_EQ(got_b, out2.get()) << "attention is not deterministic: " << ac.name;
+  if (try_split) {
+    EXPECT_TRUE(got_b == out_split.get()) << (split ? "split" : "in-CTA (with a workspace)")
+                                          << " path differs from the in-CTA path: " << ac.name;
+    ws.get();  // its canaries
+  }
 
   std::vector<float> ref(size_t(n * H * D));
 #pragma omp parallel for schedule(dynamic)
@@ -356,6 +388,32 @@ TEST(GpuOps, AttentionWithSinksOtherShapes) {
   check_attention(ctx, {4, 32, 8, 12, 2, 4, 4, {{0, 0, 30}, {1, 40, 1}, {2, 7, 5}}, "tiny CSA"}, 32);
   check_attention(ctx, {4, 32, 8, 12, 1, 16, 0, {{0, 0, 40}, {1, 100, 3}}, "tiny HCA"}, 33);
   check_attention(ctx, {4, 128, 32, 128, 1, 128, 0, {{0, 0, 300}, {1, 1000, 2}}, "default-model HCA"}, 34);
+}
+
+// Decode-sized batches, where the split path (a CTA per token, head group and
+// segment of 64 candidates, then a combine kernel) runs: the same bits as the
+// in-CTA path on the same inputs, and the CPU op within tolerance. Tokens at
+// position 0 (one candidate), short contexts (selections padded with −1),
+// selections with −1 scattered inside, contexts past 4K.
+TEST(GpuOps, AttentionSplitMatchesInCta) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  // V4-Flash CSA: window 128 + top-512 of > 1000 entries = 10 segments.
+  check_attention(ctx, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 1}}, "Flash CSA decode"}, 41, true);
+  check_attention(ctx, {64, 512, 64, 128, 2, 4, 512, {{1, 0, 1}, {0, 4600, 1}, {2, 4100, 3}}, "Flash CSA batch"}, 42,
+                  true);
+  check_attention(ctx, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 2}, {2, 700, 1}, {1, 63, 1}}, "Flash CSA holes", true},
+                  43, true);
+  // V4-Flash HCA: no selection, every causal entry (ratio 128).
+  check_attention(ctx, {64, 512, 64, 128, 1, 128, 0, {{0, 4350, 1}}, "Flash HCA decode"}, 44, true);
+  check_attention(ctx, {64, 512, 64, 128, 1, 128, 0, {{1, 0, 1}, {0, 4200, 2}, {2, 127, 2}}, "Flash HCA batch"}, 45,
+                  true);
+  // Window only: 128 rows = 2 segments.
+  check_attention(ctx, {64, 512, 64, 128, 0, 0, 0, {{0, 300, 1}, {1, 0, 1}, {2, 64, 1}}, "Flash SWA decode"}, 46,
+                  true);
+  // 128 heads (8 head groups); an odd small shape: 6 heads of 64, window 40, top-48.
+  check_attention(ctx, {128, 512, 64, 128, 2, 4, 1024, {{0, 5000, 1}, {1, 0, 1}}, "Pro CSA decode"}, 47, true);
+  check_attention(ctx, {6, 64, 16, 40, 2, 4, 48, {{0, 0, 3}, {1, 300, 1}, {2, 90, 2}}, "odd CSA", true}, 48, true);
 }
 
 }  // namespace

@@ -1,14 +1,32 @@
 // Attention with sinks on the GPU (see ops/attention.h).
-// One CTA per query token holds all heads: q [heads, dim] bf16 in shared
-// memory; candidate entries (window rows from this step or the slot's ring,
-// then compressed entries: all causal ones, or the indexer's choice) stream
-// through shared memory in tiles of kTile, each loaded once for every head
-// (MQA: K = V). Per tile: warp-level dot products give the scores, one thread
-// per head does the online-softmax update (max, rescale, sum; initialised
-// with the sink: m = sink, l = 1), and each thread accumulates 8 contiguous
-// output channels of heads/HG heads in registers. The end divides by l,
-// applies the inverse RoPE at the query position and writes bf16.
-// Everything is fixed-order (no atomics): the same inputs give the same bits.
+//
+// One canonical algorithm per (token, head), so the bits never depend on the
+// batch, the head grouping or the path that ran:
+//  1. the candidates (window rows, then compressed entries: all causal ones or
+//     the indexer's choice) are cut into fixed segments of kSeg;
+//  2. per segment s: scores S = (q · e)·scale (−inf for a missing entry),
+//     m_s = max S, l_s = Σ exp(S − m_s), o_s = Σ exp(S − m_s)·e (fp32), by the
+//     same code in the same kernel whatever the path (segment_partial);
+//  3. the segments merge in order 0, 1, 2, … into the sink state (m = sink,
+//     l = 1, o = 0): m' = max(m, m_s), a = exp(m − m'), b = exp(m_s − m'),
+//     o = o·a + o_s·b, l = l·a + l_s·b (merge_ml / merge_o);
+//  4. out = o / l, inverse RoPE at the query position, bf16 (finish_head).
+// Two paths run exactly these operations:
+//  - in-CTA (prefill, or no workspace): CTA (token, head group) walks the
+//    segments, merging each into registers as it goes, then finishes;
+//  - split (few tokens: decode): CTA (token, head group, segment) writes its
+//    (m_s, l_s, o_s) to an fp32 workspace, and a combine kernel per (token,
+//    heads) merges them in order from the sink state and finishes. At batch 1
+//    V4-Flash CSA gets 4 head groups × 10 segments = 40 CTAs instead of 1.
+// The merge and the finish exist in two kernels, so they are written with
+// explicit round-to-nearest intrinsics: no FMA contraction the compiler could
+// choose differently in each. Everything is fixed-order (no atomics).
+//
+// A CTA holds kMaxCtaHeads heads of q [heads, dim] bf16 in shared memory and
+// loads a segment's kSeg entries once for all of them (MQA: K = V). Scores:
+// a warp per entry, its lanes strided over the channels, a fixed warp
+// reduction (per head the same order for any grouping). Softmax: a warp per
+// head. Weighted sum: each thread accumulates 8 contiguous channels of hp heads.
 #include <algorithm>
 
 #include "backend/cuda/cuda_util.h"
@@ -21,15 +39,17 @@ namespace cm {
 
 namespace {
 
-constexpr int kTile = 16;
-constexpr int kMaxHp = 16;  // heads per thread
+constexpr int kSeg = 64;           // candidates per segment: a constant of the algorithm, never derived from the step
+constexpr int kMaxCtaHeads = 16;   // heads per CTA (fewer when heads has no such divisor)
+constexpr int kThreads = 256;
 constexpr int kMaxDim = 512;
-constexpr size_t kMaxSmem = 200 * 1024;
+constexpr int kMaxHp = 4;          // heads per thread: kMaxCtaHeads·(kMaxDim/8)/kThreads
+constexpr int kMaxSegZ = 65535;    // grid.z limit of the split path
 
 struct AttnParams {
   AttnInputs in;
   const uint16_t* q;
-  int heads, dim;
+  int heads, dim;  // heads: the CTA's share of total_heads
   float scale;
   const float* freqs;
   int rope_dim;
@@ -38,13 +58,21 @@ struct AttnParams {
   const int32_t* pos;
   int64_t n;
   uint16_t* out;
-  int hg, hp;  // head groups (threads per dim chunk), heads per thread
-  int total_heads;  // heads is the CTA's share (all of them unless heads·dim > 32768)
+  int hp;           // heads per thread
+  int total_heads;
+  int split;        // 1: one segment per CTA (blockIdx.z) into the workspace
+  int max_seg;      // segments per token in the workspace layout
 };
 
+// Workspace layout of the split path: o_s [n, max_seg, heads, dim], then
+// (m_s, l_s) [n, max_seg, heads, 2].
+__host__ __device__ inline int64_t ws_o_floats(int64_t n, int64_t max_seg, int64_t heads, int64_t dim) {
+  return n * max_seg * heads * dim;
+}
+
 size_t attn_smem(int64_t heads, int64_t dim) {
-  return size_t(heads * dim) * 2 + size_t(kTile * dim) * 2 + size_t(heads * kTile) * 4 + size_t(3 * heads) * 4 +
-         kTile * 8;
+  return size_t(heads * dim) * 2 + size_t(kSeg * dim) * 2 + size_t(kSeg) * 8 + size_t(heads * kSeg) * 4 +
+         size_t(2 * heads) * 4;
 }
 
 __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
@@ -56,143 +84,283 @@ __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   }
 }
 
-__global__ void __launch_bounds__(256) attention_kernel(const AttnParams p) {
-  cuda::dev::pdl_wait_and_release();
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int H = p.heads, D = p.dim, DT = D / 8;
-  uint16_t* qs = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* tile = qs + H * D;  // offsets stay multiples of 16 bytes (D % 8 == 0)
-  const uint16_t** src = reinterpret_cast<const uint16_t**>(tile + kTile * D);
-  float* S = reinterpret_cast<float*>(src + kTile);
-  float* mh = S + H * kTile;
-  float* lh = mh + H;
-  float* alpha = lh + H;
-
-  const int64_t i = blockIdx.x;
-  const int h0 = blockIdx.y * H;  // this CTA's heads: [h0, h0 + H) of p.total_heads
-  const int64_t P = p.pos[i], s = p.slot[i];
-  const AttnInputs& in = p.in;
-  const int64_t n_win = min(P + 1, in.W);
+// Candidates of token (P, its position): window rows, then compressed entries.
+__device__ __forceinline__ void candidate_counts(const AttnInputs& in, int64_t P, int64_t& n_win, int64_t& total) {
+  n_win = min(P + 1, in.W);
   int64_t n_comp = 0;
   if (in.entries && in.ratio > 0) n_comp = in.sel ? in.topk : min((P + 1) / in.ratio, in.max_entries);
-  const int64_t total = n_win + n_comp;
+  total = n_win + n_comp;
+}
 
-  {
-    const uint4* qg = reinterpret_cast<const uint4*>(p.q + (i * p.total_heads + h0) * D);
-    uint4* q4 = reinterpret_cast<uint4*>(qs);
-    for (int k = threadIdx.x; k < H * DT; k += blockDim.x) q4[k] = qg[k];
-  }
-  for (int h = threadIdx.x; h < H; h += blockDim.x) {
-    mh[h] = p.in.sinks[h0 + h];
-    lh[h] = 1.0f;
-  }
-  const int c = threadIdx.x % DT, hg = threadIdx.x / DT;
-  float o[kMaxHp][8];
+// Step 3: folds a segment's (m_s, l_s) into the running (m, l); a, b rescale
+// the running and the segment's sums. The sink keeps m finite, so an empty
+// segment (m_s = −inf, l_s = 0, o_s = 0) gets b = 0 and leaves the state as is.
+__device__ __forceinline__ void merge_ml(float& m, float& l, float ms, float ls, float& a, float& b) {
+  const float mn = fmaxf(m, ms);
+  a = expf(__fsub_rn(m, mn));
+  b = expf(__fsub_rn(ms, mn));
+  l = __fadd_rn(__fmul_rn(l, a), __fmul_rn(ls, b));
+  m = mn;
+}
+__device__ __forceinline__ void merge_o(float (&o)[8], const float (&os)[8], float a, float b) {
 #pragma unroll
-  for (int a = 0; a < kMaxHp; ++a)
+  for (int k = 0; k < 8; ++k) o[k] = __fadd_rn(__fmul_rn(o[k], a), __fmul_rn(os[k], b));
+}
+
+// Step 4 for channels [8c, 8c+8) of one head: o / l, inverse RoPE at P on the
+// rope channels (the last rope_dim of the head), bf16 to dst (the head's row).
+__device__ __forceinline__ void finish_head(const float (&o)[8], float l, int c, const AttnParams& p, int64_t P,
+                                            uint16_t* dst) {
+  const float inv = __fdiv_rn(1.0f, l);
+  float v[8];
 #pragma unroll
-    for (int b = 0; b < 8; ++b) o[a][b] = 0.f;
+  for (int k = 0; k < 8; ++k) v[k] = __fmul_rn(o[k], inv);
+  const int nope = p.dim - p.rope_dim;
+  if (8 * c >= nope) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      float sn, cs;
+      sincosf(__fmul_rn(p.freqs[(8 * c - nope) / 2 + u], float(P)), &sn, &cs);
+      cs = __fmul_rn(cs, p.af);
+      sn = -__fmul_rn(sn, p.af);  // inverse rotation
+      const float a = v[2 * u], b = v[2 * u + 1];
+      v[2 * u] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+      v[2 * u + 1] = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
+    }
+  }
+  uint32_t w[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+    w[u] = uint32_t(cuda::dev::to_bf(v[2 * u])) | (uint32_t(cuda::dev::to_bf(v[2 * u + 1])) << 16);
+  reinterpret_cast<uint4*>(dst)[c] = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Shared memory of attention_kernel (offsets stay multiples of 16 bytes: dim % 8 == 0).
+struct AttnSmem {
+  uint16_t* qs;          // [H, D] this CTA's q
+  uint16_t* tile;        // [kSeg, D] the segment's entries
+  const uint16_t** src;  // [kSeg] their rows (null = missing)
+  float* S;              // [H, kSeg] scores, then exp(S − m_s)
+  float* ms;             // [H] m_s
+  float* ls;             // [H] l_s
+};
+
+// Step 2 for segment sg of token i (candidates [sg·kSeg, …)): fills
+// sm.ms/ls and each thread's os[hh][·] = o_s of channels [8c, 8c+8) of head
+// hg·hp + hh. Starts with a barrier (the previous segment is consumed);
+// ms/ls stay valid until the next call.
+__device__ __forceinline__ void segment_partial(const AttnParams& p, const AttnSmem& sm, int64_t i, int64_t P,
+                                                int64_t s, int64_t n_win, int64_t total, int64_t sg, int c, int hg,
+                                                float (&os)[kMaxHp][8]) {
+  const AttnInputs& in = p.in;
+  const int H = p.heads, D = p.dim, DT = D / 8;
+  const int64_t s0 = sg * kSeg;
+  const int len = int(min(int64_t(kSeg), total - s0));
+  __syncthreads();
+  if (threadIdx.x < len) {
+    const int64_t cidx = s0 + threadIdx.x;
+    const uint16_t* ptr = nullptr;
+    if (cidx < n_win) {
+      // Position q's row: this step's KV row when the batch holds it, else the ring.
+      const int64_t q = P - n_win + 1 + cidx, j = i - (P - q);
+      if (j >= 0 && p.slot[j] == s && p.pos[j] == q)
+        ptr = in.kv + j * D;
+      else
+        ptr = in.window + (s * in.W + q % in.W) * D;
+    } else {
+      const int64_t ci = cidx - n_win;
+      const int64_t e = in.sel ? int64_t(in.sel[i * in.topk + ci]) : ci;
+      if (e >= 0 && e < (P + 1) / in.ratio && e < in.max_entries) ptr = in.entries + (s * in.max_entries + e) * D;
+    }
+    sm.src[threadIdx.x] = ptr;
+  }
+  __syncthreads();
+  for (int k = threadIdx.x; k < len * DT; k += blockDim.x) {
+    const int e = k / DT, cc = k % DT;
+    const uint16_t* sp = sm.src[e];
+    reinterpret_cast<uint4*>(sm.tile)[k] = sp ? reinterpret_cast<const uint4*>(sp)[cc] : make_uint4(0, 0, 0, 0);
+  }
+  __syncthreads();
+  // Scores: a warp per entry, lane l sums channel chunks l and l + 32 (fixed
+  // for a head whatever the grouping), then a butterfly sum over the warp.
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-
-  for (int64_t t0 = 0; t0 < total; t0 += kTile) {
-    __syncthreads();  // the previous tile is consumed
-    if (threadIdx.x < kTile) {
-      const int64_t cidx = t0 + threadIdx.x;
-      const uint16_t* ptr = nullptr;
-      if (cidx < n_win) {
-        const int64_t q = P - n_win + 1 + cidx, j = i - (P - q);
-        if (j >= 0 && p.slot[j] == s && p.pos[j] == q)
-          ptr = in.kv + j * D;
-        else
-          ptr = in.window + (s * in.W + q % in.W) * D;
-      } else if (cidx < total) {
-        const int64_t ci = cidx - n_win;
-        const int64_t e = in.sel ? int64_t(in.sel[i * in.topk + ci]) : ci;
-        if (e >= 0 && e < (P + 1) / in.ratio && e < in.max_entries) ptr = in.entries + (s * in.max_entries + e) * D;
-      }
-      src[threadIdx.x] = ptr;
-    }
-    __syncthreads();
-    for (int k = threadIdx.x; k < kTile * DT; k += blockDim.x) {
-      const int e = k / DT, cc = k % DT;
-      const uint16_t* sp = src[e];
-      reinterpret_cast<uint4*>(tile)[k] = sp ? reinterpret_cast<const uint4*>(sp)[cc] : make_uint4(0, 0, 0, 0);
-    }
-    __syncthreads();
-    // scores S[h][e] = (q_h · e)·scale, −inf for missing entries
-    for (int pr = warp; pr < H * kTile; pr += nwarps) {
-      const int h = pr / kTile, e = pr % kTile;
-      float acc = 0.f;
-      for (int cc = lane; cc < DT; cc += 32) {
-        float qa[8], ea[8];
-        unpack8(reinterpret_cast<const uint4*>(qs + h * D)[cc], qa);
-        unpack8(reinterpret_cast<const uint4*>(tile + e * D)[cc], ea);
+  for (int e = warp; e < len; e += nwarps) {
+    float ea[2][8];
 #pragma unroll
-        for (int b = 0; b < 8; ++b) acc += qa[b] * ea[b];
-      }
-      acc = cuda::dev::warp_sum(acc);
-      if (lane == 0) S[h * kTile + e] = src[e] ? acc * p.scale : -INFINITY;
+    for (int j = 0; j < 2; ++j) {
+      const int cc = lane + 32 * j;
+      if (cc < DT) unpack8(reinterpret_cast<const uint4*>(sm.tile + e * D)[cc], ea[j]);
     }
-    __syncthreads();
-    for (int h = threadIdx.x; h < H; h += blockDim.x) {
-      float mx = mh[h];
-      for (int e = 0; e < kTile; ++e) mx = fmaxf(mx, S[h * kTile + e]);
-      const float a = expf(mh[h] - mx);
-      float l = lh[h] * a;
-      for (int e = 0; e < kTile; ++e) {
-        const float pe = expf(S[h * kTile + e] - mx);
-        S[h * kTile + e] = pe;
-        l += pe;
+    const bool present = sm.src[e] != nullptr;
+    // kScoreHeads heads at a time: independent chains the scheduler can
+    // interleave (each head's own sum order is unchanged).
+    constexpr int kScoreHeads = 4;
+    for (int hb = 0; hb < H; hb += kScoreHeads) {
+      float acc[kScoreHeads];
+#pragma unroll
+      for (int u = 0; u < kScoreHeads; ++u) {
+        acc[u] = 0.f;
+        const int h = hb + u;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int cc = lane + 32 * j;
+          if (h < H && cc < DT) {
+            float qa[8];
+            unpack8(reinterpret_cast<const uint4*>(sm.qs + h * D)[cc], qa);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) acc[u] = __fmaf_rn(qa[k], ea[j][k], acc[u]);
+          }
+        }
       }
-      mh[h] = mx;
-      lh[h] = l;
-      alpha[h] = a;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+        for (int u = 0; u < kScoreHeads; ++u) acc[u] = __fadd_rn(acc[u], __shfl_xor_sync(0xffffffffu, acc[u], off));
+      if (lane == 0)
+#pragma unroll
+        for (int u = 0; u < kScoreHeads; ++u)
+          if (hb + u < H) sm.S[(hb + u) * kSeg + e] = present ? __fmul_rn(acc[u], p.scale) : -INFINITY;
     }
-    __syncthreads();
+  }
+  __syncthreads();
+  // Segment softmax, a warp per head: lane l takes entries l and l + 32;
+  // m_s by the warp's max, l_s = the warp's butterfly sum of the lane pairs.
+  static_assert(kSeg == 64, "the segment softmax gives each lane two entries");
+  for (int h = warp; h < H; h += nwarps) {
+    float* Sh = sm.S + h * kSeg;
+    const float s_lo = lane < len ? Sh[lane] : -INFINITY, s_hi = lane + 32 < len ? Sh[lane + 32] : -INFINITY;
+    const float mx = cuda::dev::warp_max(fmaxf(s_lo, s_hi));
+    const float mu = mx == -INFINITY ? 0.f : mx;  // all missing: every weight 0, no NaN
+    const float p_lo = expf(__fsub_rn(s_lo, mu)), p_hi = expf(__fsub_rn(s_hi, mu));
+    if (lane < len) Sh[lane] = p_lo;
+    if (lane + 32 < len) Sh[lane + 32] = p_hi;
+    const float l = cuda::dev::warp_sum(__fadd_rn(p_lo, p_hi));
+    if (lane == 0) {
+      sm.ms[h] = mx;
+      sm.ls[h] = l;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int hh = 0; hh < kMaxHp; ++hh)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) os[hh][k] = 0.f;
+  for (int e = 0; e < len; ++e) {
+    float ev[8];
+    unpack8(reinterpret_cast<const uint4*>(sm.tile + e * D)[c], ev);
 #pragma unroll
     for (int hh = 0; hh < kMaxHp; ++hh) {
       const int h = hg * p.hp + hh;
       if (hh < p.hp && h < H) {
-        const float a = alpha[h];
+        const float pe = sm.S[h * kSeg + e];
 #pragma unroll
-        for (int b = 0; b < 8; ++b) o[hh][b] *= a;
+        for (int k = 0; k < 8; ++k) os[hh][k] = __fmaf_rn(pe, ev[k], os[hh][k]);
       }
     }
-    for (int e = 0; e < kTile; ++e) {
-      float ev[8];
-      unpack8(reinterpret_cast<const uint4*>(tile + e * D)[c], ev);
+  }
+}
+
+// Grid (token, head group, segment in the split path). In-CTA: all segments
+// merged in order, then finished. Split: segment blockIdx.z into the workspace.
+__global__ void __launch_bounds__(kThreads, 2) attention_kernel(const AttnParams p) {
+  cuda::dev::pdl_wait_and_release();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int H = p.heads, D = p.dim, DT = D / 8;
+  AttnSmem sm;
+  sm.qs = reinterpret_cast<uint16_t*>(smem);
+  sm.tile = sm.qs + H * D;
+  sm.src = reinterpret_cast<const uint16_t**>(sm.tile + kSeg * D);
+  sm.S = reinterpret_cast<float*>(sm.src + kSeg);
+  sm.ms = sm.S + H * kSeg;
+  sm.ls = sm.ms + H;
+
+  const int64_t i = blockIdx.x;
+  const int h0 = blockIdx.y * H;  // this CTA's heads: [h0, h0 + H) of p.total_heads
+  const int64_t P = p.pos[i], s = p.slot[i];
+  int64_t n_win, total;
+  candidate_counts(p.in, P, n_win, total);
+  const int64_t nseg = (total + kSeg - 1) / kSeg;
+  const int64_t sg0 = p.split ? int64_t(blockIdx.z) : 0, sg1 = p.split ? sg0 + 1 : nseg;
+  if (sg0 >= nseg) return;  // past this token's segments (the whole CTA, before any barrier)
+
+  {
+    const uint4* qg = reinterpret_cast<const uint4*>(p.q + (i * p.total_heads + h0) * D);
+    uint4* q4 = reinterpret_cast<uint4*>(sm.qs);
+    for (int k = threadIdx.x; k < H * DT; k += blockDim.x) q4[k] = qg[k];
+  }
+  const int c = threadIdx.x % DT, hg = threadIdx.x / DT;
+  float o[kMaxHp][8], m[kMaxHp], l[kMaxHp];
 #pragma unroll
-      for (int hh = 0; hh < kMaxHp; ++hh) {
-        const int h = hg * p.hp + hh;
-        if (hh < p.hp && h < H) {
-          const float pe = S[h * kTile + e];
+  for (int hh = 0; hh < kMaxHp; ++hh) {
+    const int h = hg * p.hp + hh;
+    m[hh] = (hh < p.hp && h < H) ? p.in.sinks[h0 + h] : 0.f;
+    l[hh] = 1.0f;
 #pragma unroll
-          for (int b = 0; b < 8; ++b) o[hh][b] += pe * ev[b];
+    for (int k = 0; k < 8; ++k) o[hh][k] = 0.f;
+  }
+  float os[kMaxHp][8];
+  for (int64_t sg = sg0; sg < sg1; ++sg) {
+    segment_partial(p, sm, i, P, s, n_win, total, sg, c, hg, os);
+#pragma unroll
+    for (int hh = 0; hh < kMaxHp; ++hh) {
+      const int h = hg * p.hp + hh;
+      if (hh < p.hp && h < H) {
+        if (p.split) {
+          const int64_t row = (i * p.max_seg + sg) * p.total_heads + h0 + h;
+          float4* dst = reinterpret_cast<float4*>(p.in.workspace + row * D + 8 * c);
+          dst[0] = make_float4(os[hh][0], os[hh][1], os[hh][2], os[hh][3]);
+          dst[1] = make_float4(os[hh][4], os[hh][5], os[hh][6], os[hh][7]);
+          if (c == 0) {
+            float* ml = p.in.workspace + ws_o_floats(p.n, p.max_seg, p.total_heads, D) + 2 * row;
+            ml[0] = sm.ms[h];
+            ml[1] = sm.ls[h];
+          }
+        } else {
+          float a, b;
+          merge_ml(m[hh], l[hh], sm.ms[h], sm.ls[h], a, b);
+          merge_o(o[hh], os[hh], a, b);
         }
       }
     }
   }
-  __syncthreads();
-  const int nope = D - p.rope_dim;
+  if (p.split) return;
 #pragma unroll
   for (int hh = 0; hh < kMaxHp; ++hh) {
     const int h = hg * p.hp + hh;
-    if (hh < p.hp && h < H) {
-      const float inv = 1.0f / lh[h];
-      float v[8];
-#pragma unroll
-      for (int b = 0; b < 8; ++b) v[b] = o[hh][b] * inv;
-      if (8 * c >= nope) {
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          cuda::dev::rope_pair(v[2 * u], v[2 * u + 1], p.freqs[(8 * c - nope) / 2 + u], P, p.af, true);
-      }
-      uint32_t w[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) w[u] = uint32_t(cuda::dev::to_bf(v[2 * u])) | (uint32_t(cuda::dev::to_bf(v[2 * u + 1])) << 16);
-      reinterpret_cast<uint4*>(p.out + (i * p.total_heads + h0 + h) * D)[c] = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    if (hh < p.hp && h < H) finish_head(o[hh], l[hh], c, p, P, p.out + (i * p.total_heads + h0 + h) * D);
   }
+}
+
+// Split path, second kernel: grid (token, heads / (blockDim/(dim/8))), a
+// thread per (head, 8 channels). Every thread runs its head's (m, l) chain
+// itself (the same values in each), so no barrier is needed.
+__global__ void __launch_bounds__(kThreads) attention_combine_kernel(const AttnParams p) {
+  cuda::dev::pdl_wait_and_release();
+  const int D = p.dim, DT = D / 8;
+  const int64_t i = blockIdx.x;
+  const int h = int(blockIdx.y) * (int(blockDim.x) / DT) + int(threadIdx.x) / DT, c = int(threadIdx.x) % DT;
+  if (h >= p.total_heads) return;
+  const int64_t P = p.pos[i];
+  int64_t n_win, total;
+  candidate_counts(p.in, P, n_win, total);
+  const int64_t nseg = (total + kSeg - 1) / kSeg;
+  const float* ml = p.in.workspace + ws_o_floats(p.n, p.max_seg, p.total_heads, D);
+  float m = p.in.sinks[h], l = 1.0f, o[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) o[k] = 0.f;
+  // Unrolled: the loads of later segments issue before this one's merge.
+#pragma unroll 4
+  for (int64_t sg = 0; sg < nseg; ++sg) {
+    const int64_t row = (i * p.max_seg + sg) * p.total_heads + h;
+    const float2 msl = *reinterpret_cast<const float2*>(ml + 2 * row);
+    const float4* src = reinterpret_cast<const float4*>(p.in.workspace + row * D + 8 * c);
+    const float4 u0 = src[0], u1 = src[1];
+    const float os[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    float a, b;
+    merge_ml(m, l, msl.x, msl.y, a, b);
+    merge_o(o, os, a, b);
+  }
+  finish_head(o, l, c, p, P, p.out + (i * p.total_heads + h) * D);
 }
 
 __global__ void window_store_kernel(const uint16_t* kv, uint16_t* window, int64_t W, int64_t dim, const int32_t* slot,
@@ -204,10 +372,41 @@ __global__ void window_store_kernel(const uint16_t* kv, uint16_t* window, int64_
   for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = kv[i * dim + k];
 }
 
+// Heads per CTA: the largest divisor of heads up to kMaxCtaHeads (per-head
+// math does not depend on it; it bounds registers and shared memory).
+int64_t cta_heads_of(int64_t heads) {
+  int64_t g = std::min<int64_t>(heads, kMaxCtaHeads);
+  while (heads % g) --g;
+  return g;
+}
+
+// Upper bound of any token's candidates: the window plus the top-k (CSA) or
+// every entry (HCA).
+int64_t max_candidates_of(const AttnInputs& in) {
+  return in.W + (in.entries ? (in.sel ? in.topk : in.max_entries) : 0);
+}
+
+int64_t segments_of(int64_t candidates) { return (candidates + kSeg - 1) / kSeg; }
+
 }  // namespace
 
 void setup_attention_kernels(int /*device*/) {
-  CM_CUDA(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
+  CM_CUDA(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(attn_smem(kMaxCtaHeads, kMaxDim))));
+}
+
+int64_t attention_split_floats(int64_t heads, int64_t dim, int64_t max_candidates, int64_t n) {
+  return n * segments_of(max_candidates) * heads * (dim + 2);
+}
+
+bool attention_takes_split(const cuda::Context& ctx, const AttnInputs& in, int64_t heads, int64_t dim, int64_t n) {
+  if (!in.workspace || n <= 0 || heads <= 0) return false;
+  const int64_t max_seg = segments_of(max_candidates_of(in));
+  const int64_t groups = heads / cta_heads_of(heads);
+  // Splitting pays while the in-CTA grid leaves most SMs idle (decode); one
+  // segment has nothing to split.
+  return max_seg > 1 && max_seg <= kMaxSegZ && n * groups < 2 * int64_t(ctx.sm_count()) &&
+         attention_split_floats(heads, dim, max_candidates_of(in), n) <= in.workspace_floats;
 }
 
 void attention_sink_cuda(cuda::Context& ctx, const AttnInputs& in, const uint16_t* q, int64_t heads, int64_t dim,
@@ -222,22 +421,27 @@ void attention_sink_cuda(cuda::Context& ctx, const AttnInputs& in, const uint16_
   CM_CU_CHECK(in.kv && in.window && in.W > 0 && in.sinks, "attention_sink_cuda: missing KV rows, window or sinks");
   CM_CU_CHECK(!in.entries || (in.ratio > 0 && in.max_entries > 0 && (!in.sel || in.topk > 0)),
               "attention_sink_cuda: compressed entries need a ratio, a capacity and (with a selection) its top-k");
+  CM_CU_CHECK(in.workspace_floats >= 0 && (in.workspace || in.workspace_floats == 0),
+              "attention_sink_cuda: workspace of %lld floats without a pointer", (long long)in.workspace_floats);
   if (n <= 0) return;
   CM_CU_CHECK(n < (int64_t(1) << 31), "attention_sink_cuda: %lld tokens exceed the grid", (long long)n);
-  // All heads in one CTA up to heads·dim = 32768 (V4-Flash: 64 × 512); beyond
-  // (V4-Pro's 128 heads) the heads split over CTAs of 32768/dim heads each.
-  const int64_t cta_heads = std::min<int64_t>(heads, 32768 / dim);
-  CM_CU_CHECK(heads % cta_heads == 0, "attention_sink_cuda: %lld heads do not split into CTAs of %lld",
-              (long long)heads, (long long)cta_heads);
-  const int threads = 256;
-  const int dt = int(dim / 8), hg = threads / dt, hp = int((cta_heads + hg - 1) / hg);
+  const int64_t cta_heads = cta_heads_of(heads);
+  const int dt = int(dim / 8), hg = kThreads / dt, hp = int((cta_heads + hg - 1) / hg);
   CM_CU_CHECK(hp <= kMaxHp, "attention_sink_cuda: internal: %d heads per thread", hp);
   const size_t smem = attn_smem(cta_heads, dim);
-  CM_CU_CHECK(smem <= kMaxSmem, "attention_sink_cuda: %zu bytes of shared memory needed", smem);
-  AttnParams p{in, q, int(cta_heads), int(dim), scale, rope.freqs, int(rope.rope_dim), rope.attention_factor, slot,
-               pos, n, out, hg, hp, int(heads)};
-  cuda::launch_kernel(ctx, attention_kernel, dim3(unsigned(n), unsigned(heads / cta_heads)), dim3(unsigned(threads)),
-                      smem, "attention_kernel", p);
+  CM_CU_CHECK(smem <= attn_smem(kMaxCtaHeads, kMaxDim), "attention_sink_cuda: %zu bytes of shared memory needed",
+              smem);
+  const bool split = attention_takes_split(ctx, in, heads, dim, n);
+  const int64_t max_seg = segments_of(max_candidates_of(in));
+  AttnParams p{in, q, int(cta_heads), int(dim), scale, rope.freqs, int(rope.rope_dim), rope.attention_factor,
+               slot, pos, n, out, hp, int(heads), split ? 1 : 0, int(split ? max_seg : 0)};
+  const dim3 grid(unsigned(n), unsigned(heads / cta_heads), unsigned(split ? max_seg : 1));
+  cuda::launch_kernel(ctx, attention_kernel, grid, dim3(unsigned(kThreads)), smem, "attention_kernel", p);
+  if (!split) return;
+  const int64_t combine_heads = std::min<int64_t>(heads, kThreads / dt);
+  cuda::launch_kernel(ctx, attention_combine_kernel,
+                      dim3(unsigned(n), unsigned((heads + combine_heads - 1) / combine_heads)),
+                      dim3(unsigned(combine_heads * dt)), 0, "attention_combine_kernel", p);
 }
 
 void window_store_cuda(cuda::Context& ctx, const uint16_t* kv, uint16_t* window, int64_t W, int64_t dim,

@@ -95,6 +95,7 @@ class CudaBackend final : public ModelBackend {
     DeviceBuffer ckv, cgate, ikv, igate, iqf, iq_bf, iw, iscore, sel, sel_score;
     DeviceBuffer router, eidx, ew, we, x_bf, g, up, ey, routed, sy, hc_part;
     DeviceBuffer head_in, final_y, logits, cast, counts;
+    DeviceBuffer attn_ws;  // f32 partials of split (decode) attention; see attention_sink_cuda
   };
 
   void check_slot(int32_t slot, const char* what) const;
@@ -230,6 +231,16 @@ void CudaBackend::reserve(const CacheShape& shape) {
     if (c.attn_kinds[size_t(L)] == AttnKind::CSA) max_ie = std::max(max_ie, max_entries(L, shape.max_ctx));
   const bool dense_moe = std::any_of(dm_->layers.begin(), dm_->layers.end(),
                                      [](const cuda::DevLayer& l) { return !l.experts; });
+  // Split attention partials for up to 64 tokens of the longest layer's candidates (window + top-k, or
+  // window + every HCA entry at max_ctx), at most 256 MiB; a step that needs more takes the in-CTA path.
+  int64_t max_cand = 0;
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    const AttnKind k = c.attn_kinds[size_t(L)];
+    const int64_t comp = k == AttnKind::CSA ? c.index_topk : k == AttnKind::HCA ? max_entries(L, shape.max_ctx) : 0;
+    max_cand = std::max(max_cand, c.sliding_window + comp);
+  }
+  const int64_t attn_ws_floats =
+      std::min(attention_split_floats(H, hd, max_cand, std::min<int64_t>(N, 64)), int64_t(64) << 20);
   max_notes_ = size_t(2 + 16 * c.num_layers);
   const int64_t max_k = std::max({D, c.q_lora_rank, H * hd, G * ol, I});
   // Every activation buffer: name, bytes.
@@ -253,6 +264,7 @@ void CudaBackend::reserve(const CacheShape& shape) {
       {&a.sy, N * D * 4},             {&a.head_in, N * hc * D * 4},  {&a.final_y, N * D * 4},
       {&a.logits, N * c.vocab_size * 4}, {&a.cast, N * max_k * 2},   {&a.counts, int64_t(max_notes_) * N * 4},
       {&a.hc_part, int64_t(hc_mix_scratch_floats(hc, D, N)) * 4},
+      {&a.attn_ws, attn_ws_floats * 4},
   };
   size_t act_bytes = 0;
   for (const Want& w : wants) act_bytes += size_t(w.bytes);
@@ -580,6 +592,8 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   in.window = ls.window;
   in.W = W;
   in.sinks = lw.sinks.p();
+  in.workspace = P<float>(a.attn_ws);
+  in.workspace_floats = int64_t(a.attn_ws.size() / 4);
   if (kind != AttnKind::SLIDING) {
     in.entries = ls.comp.entries;
     in.max_entries = ls.comp.max_entries;
