@@ -355,6 +355,63 @@ TEST(GpuOps, DenseKernelMatchesCpuAndIsBatchInvariant) {
   }
 }
 
+// The step's non-finite counter: several intermediates in one launch, f32 and bf16, 16-byte-aligned
+// rows (vector path) and rows that are not (scalar path), NaN, +Inf and -Inf at random places.
+TEST(GpuOps, NonFiniteCountsInOneLaunch) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  Rng r(21);
+  const int64_t rows = 5;
+  struct Case {
+    int64_t width;
+    bool bf16;
+    int64_t offset;  // elements: 1 makes the rows unaligned
+  };
+  const std::vector<Case> cases = {{32768, true, 0}, {4096, false, 0}, {512, false, 1}, {64, true, 1}, {37, true, 0},
+                                   {16384, false, 0}};
+  cuda::NonFiniteBatch b;
+  std::vector<cuda::DeviceBuffer> bufs;
+  std::vector<std::vector<int32_t>> want;
+  std::vector<Guarded<int32_t>> outs;
+  outs.reserve(cases.size());
+  const float bad_vals[3] = {NAN, INFINITY, -INFINITY};
+  for (const Case& c : cases) {
+    const size_t n = size_t(rows * c.width + c.offset);
+    std::vector<float> v = gputest::rand_f32(n, r, 1.0f);
+    std::vector<int32_t> cnt(size_t(rows), 0);
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t k = int64_t(r.uniform() * 6.0f);  // 0..5 bad values in this row
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t at = size_t(c.offset + i * c.width + int64_t(r.uniform() * float(c.width - 1)));
+        if (std::isfinite(v[at])) ++cnt[size_t(i)];
+        v[at] = bad_vals[j % 3];
+      }
+    }
+    if (c.bf16) {
+      std::vector<uint16_t> h(n);
+      for (size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(v[i]);
+      bufs.push_back(to_device(h));
+    } else {
+      bufs.push_back(to_device(v));
+    }
+    outs.emplace_back(size_t(rows));
+    want.push_back(cnt);
+    const int i = b.count++;
+    b.x[i] = static_cast<const char*>(bufs.back().get()) + c.offset * (c.bf16 ? 2 : 4);
+    b.width[i] = c.width;
+    b.bf16[i] = c.bf16;
+    b.out[i] = outs.back().ptr();
+  }
+  cuda::count_non_finite(ctx, b, rows);
+  ctx.sync();
+  for (size_t i = 0; i < cases.size(); ++i)
+    EXPECT_EQ(outs[i].get(), want[i]) << "width " << cases[i].width << (cases[i].bf16 ? " bf16" : " f32") << " offset "
+                                      << cases[i].offset;
+  cuda::NonFiniteBatch too_many;
+  too_many.count = cuda::NonFiniteBatch::kMax + 1;
+  EXPECT_THROW(cuda::count_non_finite(ctx, too_many, rows), Error);
+}
+
 TEST(GpuOps, SwigluWithClampAndRowWeight) {
   CM_SKIP_WITHOUT_GPU();
   cuda::Context ctx;

@@ -29,19 +29,21 @@ __global__ void cast_kernel(const float* x, int64_t ldx, int64_t rows, int64_t c
 // Dense (BF16/F32-weight) linear. Every output (m, n) is summed exactly as by one warp alone: lane l
 // takes k = l, l + 32, … in ascending order, then a fixed shuffle tree — whatever M and the tiling, so
 // a row's result never depends on the other rows (batch invariance). The tiling only shares loads: a
-// CTA takes kDenseRows rows × kDenseWarps·kDenseCols columns of one weight group; the rows' x chunk
+// CTA takes ROWS rows × kDenseWarps·COLS columns of one weight group; the rows' x chunk
 // of kDenseK values is staged in shared memory once for all its columns, and each weight value is
 // loaded once for all the rows. (One warp per (m, n) re-read the whole weight per row and x per
 // column: a 129k × 4096 BF16 head at 256 rows took 71 ms.)
 constexpr int kDenseWarps = 8;
-constexpr int kDenseCols = 4;   // columns per warp
-constexpr int kDenseRows = 16;  // rows per CTA
-constexpr int kDenseK = 256;    // x values per row staged at a time (a multiple of 32)
-constexpr int kDenseCtaCols = kDenseWarps * kDenseCols;
+constexpr int kDenseK = 256;  // x values per row staged at a time (a multiple of 32)
+// COLS columns per warp, ROWS rows per CTA: the launch picks them by M (few rows: many narrow CTAs,
+// the weight streamed by many SMs; many rows: wide tiles that share loads) — the per-output sums are
+// the same for every choice, so the choice changes no bit.
+template <int COLS, int ROWS>
 __global__ void __launch_bounds__(32 * kDenseWarps) dense_linear_kernel(const void* w, bool w_bf16, int64_t N, int64_t K,
                                                                        int64_t rows_per_group, const void* x,
                                                                        bool x_bf16, int64_t M, int64_t ldx, void* y,
                                                                        bool y_bf16, int64_t ldy, float alpha) {
+  constexpr int kDenseCols = COLS, kDenseRows = ROWS, kDenseCtaCols = kDenseWarps * COLS;
   pdl_wait_and_release();
   __shared__ float xs[kDenseRows][kDenseK];
   const int64_t blocks_per_group = (rows_per_group + kDenseCtaCols - 1) / kDenseCtaCols;
@@ -146,16 +148,36 @@ __global__ void gather_scores_kernel(const float* score, int64_t ld, const int32
   }
 }
 
+// One CTA per (row, intermediate); rows whose bytes are 16-byte aligned are read 16 bytes at a time
+// (a 64 x 512 bf16 row in 16 loads per thread instead of 128): NaN/Inf = all exponent bits set.
 __global__ void count_non_finite_kernel(const NonFiniteBatch b) {
   pdl_wait_and_release();
   __shared__ float tmp[32];
   const int64_t r = blockIdx.x;
   const int e = blockIdx.y;
   const int64_t width = b.width[e];
-  float bad = 0.f;
-  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) bad += isfinite(load(b.x[e], b.bf16[e], r * width + c)) ? 0.f : 1.f;
-  bad = dev::block_sum(bad, tmp);
-  if (threadIdx.x == 0) b.out[e][r] = int32_t(bad);
+  const bool h = b.bf16[e];
+  const int64_t bytes = width * (h ? 2 : 4);
+  const char* row = static_cast<const char*>(b.x[e]) + r * bytes;
+  int bad = 0;
+  if (bytes % 16 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0) {
+    const uint4* v = reinterpret_cast<const uint4*>(row);
+    for (int64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) {
+      const uint4 q = v[i];
+      const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (h)
+          bad += ((w[j] & 0x7f80u) == 0x7f80u) + ((w[j] & 0x7f800000u) == 0x7f800000u);
+        else
+          bad += (w[j] & 0x7f800000u) == 0x7f800000u;
+      }
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < width; c += blockDim.x) bad += isfinite(load(b.x[e], h, r * width + c)) ? 0 : 1;
+  }
+  const float total = dev::block_sum(float(bad), tmp);
+  if (threadIdx.x == 0) b.out[e][r] = int32_t(total);
 }
 
 }  // namespace
@@ -171,12 +193,21 @@ void dense_linear(Context& ctx, const void* w, bool w_bf16, int64_t N, int64_t K
   if (M <= 0) return;
   CM_CU_CHECK(groups >= 1 && N % groups == 0, "dense_linear: %lld rows do not split into %d groups", (long long)N,
               groups);
-  CM_CU_CHECK(M < int64_t(65536) * kDenseRows, "dense_linear: %lld rows exceed the grid", (long long)M);
-  const int64_t rpg = N / groups, blocks = int64_t(groups) * ((rpg + kDenseCtaCols - 1) / kDenseCtaCols);
-  CM_CU_CHECK(blocks < (int64_t(1) << 31), "dense_linear: %lld columns exceed the grid", (long long)N);
-  const dim3 grid(unsigned(blocks), unsigned((M + kDenseRows - 1) / kDenseRows));
-  launch_kernel(ctx, dense_linear_kernel, grid, dim3(32 * kDenseWarps), 0, "dense_linear_kernel", w, w_bf16, N, K,
-                N / groups, x, x_bf16, M, ldx, y, y_bf16, ldy, alpha);
+  const auto launch = [&](auto kernel, int cols, int rows) {
+    CM_CU_CHECK(M < int64_t(65536) * rows, "dense_linear: %lld rows exceed the grid", (long long)M);
+    const int64_t rpg = N / groups, cta_cols = kDenseWarps * cols;
+    const int64_t blocks = int64_t(groups) * ((rpg + cta_cols - 1) / cta_cols);
+    CM_CU_CHECK(blocks < (int64_t(1) << 31), "dense_linear: %lld columns exceed the grid", (long long)N);
+    const dim3 grid(unsigned(blocks), unsigned((M + rows - 1) / rows));
+    launch_kernel(ctx, kernel, grid, dim3(32 * kDenseWarps), 0, "dense_linear_kernel", w, w_bf16, N, K, rpg, x, x_bf16,
+                  M, ldx, y, y_bf16, ldy, alpha);
+  };
+  if (M <= 2)
+    launch(dense_linear_kernel<1, 2>, 1, 2);
+  else if (M <= 8)
+    launch(dense_linear_kernel<2, 8>, 2, 8);
+  else
+    launch(dense_linear_kernel<4, 16>, 4, 16);
 }
 
 void add_f32(Context& ctx, const float* a, const float* b, int64_t n, float* y) {
