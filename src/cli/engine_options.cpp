@@ -65,6 +65,10 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
   app.add_option("--device", o.device, "Where the model runs: auto (cuda when a GPU is present), cpu or cuda")
       ->envname("CLAWMINE_DEVICE")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_flag("--enforce-eager", o.enforce_eager,
+               "CUDA: launch every kernel of a step eagerly instead of replaying the step's CUDA graph (same results, "
+               "slower; for debugging and profiling)")
+      ->envname("CLAWMINE_ENFORCE_EAGER");
   app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
                  "CUDA: the fraction of the GPU's total memory clawmine may use for weights, per-sequence state, "
                  "activations and workspaces, in (0, 1] (default 0.9); a model that does not fit in "
@@ -167,6 +171,7 @@ std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& 
   bo.observer = o.layer_stats ? stats : nullptr;
   bo.act_quant = o.act_quant == "nvfp4" ? ActQuant::NVFP4 : ActQuant::NONE;
   bo.gpu_memory_utilization = o.gpu_memory_utilization;
+  bo.cuda_graphs = !o.enforce_eager;
   const Device d = o.device == "cpu"    ? Device::CPU
                    : o.device == "cuda" ? Device::CUDA
                                         : (gpu_present() ? Device::CUDA : Device::CPU);

@@ -23,6 +23,7 @@ struct EngineOptions {
   int64_t ctx_size = 0;            // context a sequence may reach (0 = the model's, at most 4096)
   std::string device = "auto";     // --device auto|cpu|cuda (auto: cuda when a GPU is present)
   double gpu_memory_utilization = 0.9;  // --gpu-memory-utilization U   env CLAWMINE_GPU_MEMORY_UTILIZATION
+  bool enforce_eager = false;      // --enforce-eager (CUDA: no graphs)   env CLAWMINE_ENFORCE_EAGER
   CLI::Option* model_flag = nullptr;
   double load_seconds = 0;         // set by load_model
   int threads_used = 0;            // set by load_model

@@ -58,6 +58,9 @@ struct BackendOptions {
   // activations, workspaces), in (0, 1]; loading and reserve() refuse what does not fit in
   // min(free, utilization·total) (vLLM's --gpu-memory-utilization).
   double gpu_memory_utilization = 0.9;
+  // CUDA: replay each step of up to 256 rows as a CUDA graph captured once per (rows, logits rows)
+  // (same kernels, same bits as eager); false runs every kernel launch eagerly (--enforce-eager).
+  bool cuda_graphs = true;
   LinearInputObserver* linear_inputs = nullptr;  // CPU: sees every linear's input (calibration)
   ActQuant act_quant = ActQuant::NONE;           // CPU: W4A4 emulation of NVFP4 linears
   // CPU: expert parallelism over ep_comm's ranks (null or one rank: off). Rank r owns the

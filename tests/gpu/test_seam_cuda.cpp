@@ -47,3 +47,54 @@ TEST(SeamCudaDefaultModel, MatchesCpuAndChunkingIsBitExact) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace cm;
+
+// CUDA graphs: the same steps replayed from captured graphs give the eager launches' bits — a
+// 20-token prefill, then decode steps of three slots (a shape captured once and replayed), with
+// steps where only some rows want logits and one where none does; then a step wider than the
+// graph limit (eager in both) and the same decode shape again after it.
+TEST(CudaGraphs, ReplayGivesTheEagerBits) {
+  if (!device_available(Device::CUDA)) GTEST_SKIP() << "no CUDA device";
+  auto m = model_load(seam_suite::kData + "/../../models/default");
+  const int64_t V = m->config.vocab_size;
+  BackendOptions eager_opt;
+  eager_opt.cuda_graphs = false;
+  auto graph = test::reserved_backend(*m, Device::CUDA, 3, 300, 512);
+  auto eager = test::reserved_backend(*m, Device::CUDA, 3, 300, 512, eager_opt);
+  std::mt19937 rng(11);
+  const auto tok = [&] { return int32_t(rng() % uint32_t(V)); };
+  std::vector<int32_t> pos(3, 0);
+  int steps = 0;
+  const auto run = [&](const std::vector<int32_t>& slots, const std::vector<uint8_t>& want, int64_t per_slot) {
+    std::vector<int32_t> t, p, s;
+    std::vector<uint8_t> w;
+    for (size_t i = 0; i < slots.size(); ++i)
+      for (int64_t k = 0; k < per_slot; ++k) {
+        t.push_back(tok());
+        p.push_back(pos[size_t(slots[i])]++);
+        s.push_back(slots[i]);
+        w.push_back(k + 1 == per_slot ? want[i] : 0);
+      }
+    const int64_t n = int64_t(t.size());
+    std::vector<float> a(size_t(n * V), 0.f), b(size_t(n * V), 0.f);
+    const Batch batch{int32_t(n), t.data(), p.data(), s.data(), w.data()};
+    graph->step(batch, a.data());
+    eager->step(batch, b.data());
+    ++steps;
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0)
+        << "step " << steps << " (" << n << " rows): graph and eager logits differ, max |Δ| "
+        << seam_suite::max_abs(a, b);
+  };
+  run({0}, {1}, 20);                                // prefill of slot 0
+  run({1, 2}, {1, 1}, 5);                           // prefill of slots 1 and 2
+  for (int i = 0; i < 6; ++i) run({0, 1, 2}, {1, 1, 1}, 1);  // decode, the same shape replayed
+  run({0, 1, 2}, {1, 0, 1}, 1);                     // two of three rows want logits
+  run({0, 1, 2}, {0, 0, 0}, 1);                     // none does
+  run({0}, {1}, 290);                               // wider than the graph limit: eager in both
+  for (int i = 0; i < 3; ++i) run({0, 1, 2}, {1, 1, 1}, 1);
+}
+
+}  // namespace

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "backend/cuda/backend_kernels.h"
 #include "backend/cuda/cuda_errors.h"
@@ -111,6 +112,13 @@ class CudaBackend final : public ModelBackend {
   void observe_entries(int64_t L, const CompressorStateView& comp, const CompressorStateView* index);
   std::string first_non_finite();
   void flush_counts();
+  // Every kernel of a step from the embedding to the LM head (no host synchronisation): run eagerly,
+  // or captured into a graph by run_graph. max_pos bounds the indexer's grid (kernels also bound
+  // each row by its own position, so a larger value changes no result).
+  void forward(int64_t n, int64_t R, int64_t max_pos);
+  // Replays (capturing on first use) the graph of a step with n rows and R logits rows.
+  void run_graph(int64_t n, int64_t R);
+  void clear_graphs();
   // Op timing (bench model): an event after each op call, labelled (op_timer.h).
   void mark(const char* label) {
     if (timer_) timer_->mark(label, ctx_->stream());
@@ -132,6 +140,13 @@ class CudaBackend final : public ModelBackend {
   std::vector<NoteTag> notes_;
   size_t max_notes_ = 0;
   cuda::NonFiniteBatch pending_counts_;  // noted, not yet counted (flush_counts)
+  // Captured steps by (rows, logits rows), each with the notes its capture made (their names);
+  // cleared by reserve() (a new reservation moves every buffer the graphs point to).
+  struct StepGraph {
+    cudaGraphExec_t exec = nullptr;
+    std::vector<NoteTag> notes;
+  };
+  std::map<std::pair<int64_t, int64_t>, StepGraph> graphs_;
   cuda::DeviceObserver obs_;  // the observer's path; every device-to-host copy
   cuda::OpTimer* timer_ = nullptr;
   int64_t n_ = 0;  // rows of the current step
@@ -159,6 +174,12 @@ using cuda::gib;
 // (before the Context exists); reserve() counts the Context's real bytes.
 constexpr size_t kWorkingBytes = size_t(256) << 20;
 
+// Steps of up to kGraphMaxRows rows run as CUDA graphs (decode batches and short prefill chunks: the
+// launches of a ~1,500-kernel step cost more than the kernels at small batches); at most kMaxGraphs
+// distinct (rows, logits rows) shapes are kept, further shapes run eagerly.
+constexpr int64_t kGraphMaxRows = 256;
+constexpr size_t kMaxGraphs = 64;
+
 // A linear's op label: its name without the "layers.<L>." prefix ("attn.wq_a"), a pointer into the name.
 const char* op_label(const std::string& name) {
   if (name.rfind("layers.", 0) != 0) return name.c_str();
@@ -184,6 +205,7 @@ CudaBackend::CudaBackend(const Model& m, const BackendOptions& opt, std::unique_
 }
 
 CudaBackend::~CudaBackend() {
+  clear_graphs();
   if (plan_host_) cudaFreeHost(plan_host_);
 }
 
@@ -215,6 +237,7 @@ void CudaBackend::reserve(const CacheShape& shape) {
               "reserve: context %lld outside [1, %lld] (the model's max_position_embeddings)",
               (long long)shape.max_ctx, (long long)c.max_position_embeddings);
   CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
+  clear_graphs();  // they point into the buffers this reservation replaces
   // Drop the old buffers first so their memory counts as free.
   shape_ = CacheShape{0, 0, 0};
   state_.release();
@@ -412,9 +435,8 @@ void CudaBackend::observe_entries(int64_t L, const CompressorStateView& comp, co
 
 void CudaBackend::step(const Batch& b, float* logits_out) {
   const Config& c = m_.config;
-  const cuda::DevModel& w = *dm_;
   Context& ctx = *ctx_;
-  const int64_t D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size, n = b.n, N = shape_.max_step_tokens;
+  const int64_t D = c.hidden_size, V = c.vocab_size, n = b.n, N = shape_.max_step_tokens;
   check_batch(b, shape_, V, pos_.data());
 
   // The plan: the batch's rows and the rows whose logits are wanted, one transfer.
@@ -437,6 +459,39 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   pending_counts_.count = 0;
   obs_.begin_step();
 
+  const bool graph = opt_.cuda_graphs && !obs_.active() && !timer_ && n <= kGraphMaxRows;
+  if (graph)
+    run_graph(n, R);
+  else
+    forward(n, R, max_pos);
+  for (const Segment& s : segs_) pos_[size_t(s.slot)] = s.pos0 + s.n;
+
+  // The logits rows to the host (the step's only synchronisation), then the non-finite check.
+  if (R > 0) {
+    float *y = P<float>(act_.final_y), *logits = P<float>(act_.logits);
+    if (timer_) timer_->end(ctx.stream());
+    obs_.observe(ctx, "final_norm", y, false, {R, D});
+    obs_.observe(ctx, "logits", logits, false, {R, V});
+    obs_.to_host(ctx, logits_out, logits, size_t(R * V) * 4);
+    obs_.flush(ctx);  // before the check: --layer-stats shows where a non-finite value came from
+    bool bad = false;
+    for (int64_t i = 0; i < R * V && !bad; ++i) bad = !std::isfinite(logits_out[i]);
+    CM_CU_CHECK(!bad,
+                "non-finite logits; the first intermediate that went non-finite is %s (run with --layer-stats for "
+                "every layer's statistics)",
+                first_non_finite().c_str());
+  } else {
+    if (timer_) timer_->end(ctx.stream());
+    CM_CUDA(cudaStreamSynchronize(ctx.stream()));
+    obs_.flush(ctx);
+  }
+}
+
+void CudaBackend::forward(int64_t n, int64_t R, int64_t max_pos) {
+  const Config& c = m_.config;
+  const cuda::DevModel& w = *dm_;
+  Context& ctx = *ctx_;
+  const int64_t D = c.hidden_size, hc = c.hc_mult;
   // Embedding, copied into every hyper-connection stream.
   float* X = P<float>(act_.x);
   embed_rows_cuda(ctx, w.embed, d_token_, n, hc, X);
@@ -471,7 +526,6 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
     flush_counts();
   }
   flush_counts();  // (each layer flushed its own; this covers a model without layers)
-  for (const Segment& s : segs_) pos_[size_t(s.slot)] = s.pos0 + s.n;
 
   // Final hyper-head, norm and LM head over the rows whose logits are wanted.
   if (R > 0) {
@@ -483,22 +537,43 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
     rms_norm_cuda(ctx, y, w.norm.p(), R, D, c.rms_norm_eps, y, false);
     mark("rms_norm");
     linear(w.head, y, false, R, logits);
-    if (timer_) timer_->end(ctx.stream());
-    obs_.observe(ctx, "final_norm", y, false, {R, D});
-    obs_.observe(ctx, "logits", logits, false, {R, V});
-    obs_.to_host(ctx, logits_out, logits, size_t(R * V) * 4);
-    obs_.flush(ctx);  // before the check: --layer-stats shows where a non-finite value came from
-    bool bad = false;
-    for (int64_t i = 0; i < R * V && !bad; ++i) bad = !std::isfinite(logits_out[i]);
-    CM_CU_CHECK(!bad,
-                "non-finite logits; the first intermediate that went non-finite is %s (run with --layer-stats for "
-                "every layer's statistics)",
-                first_non_finite().c_str());
-  } else {
-    if (timer_) timer_->end(ctx.stream());
-    CM_CUDA(cudaStreamSynchronize(ctx.stream()));
-    obs_.flush(ctx);
   }
+}
+
+void CudaBackend::clear_graphs() {
+  for (auto& [key, g] : graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  graphs_.clear();
+}
+
+void CudaBackend::run_graph(int64_t n, int64_t R) {
+  cudaStream_t st = ctx_->stream();
+  const int64_t all_pos = shape_.max_ctx - 1;  // the indexer's grid covers every entry the slots can hold
+  auto it = graphs_.find({n, R});
+  if (it == graphs_.end()) {
+    if (graphs_.size() >= kMaxGraphs) {  // an unusual mix of step shapes: run it eagerly
+      forward(n, R, all_pos);
+      return;
+    }
+    CM_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t g = nullptr;
+    try {
+      forward(n, R, all_pos);
+    } catch (...) {
+      cudaStreamEndCapture(st, &g);  // leaves the stream usable; the error is the one thrown
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    CM_CUDA(cudaStreamEndCapture(st, &g));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    CM_CUDA(e);
+    it = graphs_.emplace(std::make_pair(n, R), StepGraph{exec, notes_}).first;
+  } else {
+    notes_ = it->second.notes;  // what the replayed kernels count, for first_non_finite
+  }
+  CM_CUDA(cudaGraphLaunch(it->second.exec, st));
 }
 
 // The first counted intermediate with a non-finite value, named for the slot of its first bad row.
