@@ -278,6 +278,26 @@ TEST(Cli, InputFilesMustBeRegular) {
 // --gpu-memory-utilization on every command that takes --device: accepted in (0, 1] (a CPU run
 // ignores it), anything else is a usage error naming the flag and the range; the environment
 // mirror is checked the same way.
+// --enforce-eager (CUDA graphs off) is a flag of every command that runs the model; on the CPU it
+// changes nothing, so the logits are those of a run without it.
+TEST(Cli, EnforceEagerIsAcceptedAndChangesNoResult) {
+  const std::string a = (scratch("eager") / "a.safetensors").string(), b = (scratch("eager") / "b.safetensors").string();
+  Result with = run("logits -m " + kModel + " --tokens 5,17 --device cpu --enforce-eager -o " + a);
+  EXPECT_EQ(with.code, 0) << with.err;
+  Result without = run("logits -m " + kModel + " --tokens 5,17 --device cpu -o " + b);
+  EXPECT_EQ(without.code, 0) << without.err;
+  const auto bytes = [](const std::string& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_FALSE(bytes(a).empty());
+  EXPECT_EQ(bytes(a), bytes(b));
+  Result gen = run("generate -m " + kModel + " --tokens 5 -n 1 --device cpu --enforce-eager");
+  EXPECT_EQ(gen.code, 0) << gen.err;
+  Result bad = run("logits -m " + kModel + " --tokens 5,17 --device cpu --enforce-eager=maybe -o " + a);
+  EXPECT_EQ(bad.code, 1) << bad.err;
+}
+
 TEST(Cli, GpuMemoryUtilizationIsAcceptedAndRangeChecked) {
   const std::string out = (scratch("gmu") / "l.safetensors").string();
   Result ok = run("logits -m " + kModel + " --tokens 5,17 --device cpu --gpu-memory-utilization 0.5 -o " + out);
