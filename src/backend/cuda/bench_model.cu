@@ -346,7 +346,8 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
                  "others copy_slot copies of it), then steps of one random token per slot; step_ms = median host "
                  "wall time of a step (plan upload, every kernel, B x vocab fp32 logits copied to the host, one "
                  "sync) = the time per token of each sequence; gpu_ms = median CUDA-event span on the backend's "
-                 "stream from the step's first op to the end of the LM head; tok_s = B / step_ms"},
+                 "stream from the step's first op to the end of the LM head; tok_s = B / step_ms; steps of up to "
+                 "256 rows replay the backend's CUDA graphs (the profiled top_ops steps run eagerly)"},
       {"us_per_layer", "gpu_ms / layers (includes the embedding and LM head spread over the layers)"},
       {"floor", "weight bytes a decode step reads: every layer's dense weights (attention, compressors, indexer, "
                 "router, shared expert, norms/mHC) + the LM head + expected distinct routed experts per layer "

@@ -459,7 +459,10 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   pending_counts_.count = 0;
   obs_.begin_step();
 
-  const bool graph = opt_.cuda_graphs && !obs_.active() && !timer_ && n <= kGraphMaxRows;
+  // Graphs unless something watches the individual kernels (an observer; the op timer's per-op
+  // events — its SPAN mode times the whole step from outside the graph).
+  const bool per_op = timer_ && timer_->mode() == cuda::OpTimer::Mode::OPS;
+  const bool graph = opt_.cuda_graphs && !obs_.active() && !per_op && n <= kGraphMaxRows;
   if (graph)
     run_graph(n, R);
   else
