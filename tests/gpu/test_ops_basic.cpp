@@ -317,42 +317,58 @@ TEST(GpuOps, DenseLinearsThroughCublas) {
   }
 }
 
-// The backend's dense kernel (BF16/F32 weights, f32 activations: router, compressor, indexer, a BF16
-// head): against the CPU linear over shapes with a ragged last row tile and a grouped weight, and batch
-// invariant — a row computed alone equals the same row inside a batch of M bit for bit.
+// The backend's dense linear (router, compressor, indexer projections, a BF16 head) against a double
+// reference: BF16 weights on tensor cores with x split into three bf16 parts (f32 x) or one (bf16 x),
+// F32 weights and odd K on the SIMT kernel; every tile shape (16/32 rows, 8/32 columns per CTA), a
+// ragged last tile, grouped weights, N not a multiple of 8. Batch invariance: the last row computed
+// alone (the narrowest tiles) equals the same row inside the batch bit for bit. Bound: 1e-5 of
+// max|ref| (fp32 accumulation over K ≤ 4096 terms).
 TEST(GpuOps, DenseKernelMatchesCpuAndIsBatchInvariant) {
   CM_SKIP_WITHOUT_GPU();
   cuda::Context ctx;
   Rng r(16);
-  // router 4096 -> 256 (M 1, 40), compressor 4096 -> 1024 (M 17), a 64 -> 16 grouped in 2 (M 33).
-  for (auto [M, N, K, groups] : {std::tuple<int64_t, int64_t, int64_t, int>{1, 256, 4096, 1}, {40, 256, 4096, 1},
-                                 {17, 1024, 4096, 1}, {33, 16, 64, 2}}) {
-    std::vector<float> wv;
-    std::vector<uint16_t> wb = gputest::rand_bf16(size_t(N * K), r, 0.05f, &wv);
-    std::vector<float> x = gputest::rand_f32(size_t(M * groups * K), r, 1.0f);
-    // Reference: row m, group g takes x[m, g·K : (g+1)·K] against weight rows g·N/groups ...
-    std::vector<float> ref(size_t(M * N));
-    const int64_t rpg = N / groups;
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) {
-        double acc = 0;
-        const int64_t g = n / rpg;
-        for (int64_t k = 0; k < K; ++k)
-          acc += double(x[size_t(m * groups * K + g * K + k)]) * double(wv[size_t(n * K + k)]);
-        ref[size_t(m * N + n)] = float(acc);
+  struct Case {
+    int64_t M, N, K;
+    int groups;
+  };
+  // router 4096 -> 256 (M 1, 40), compressor 4096 -> 1024 (M 17), grouped 64 -> 16 (M 33), a wide head-like
+  // 1024 -> 8192 (M 40: 32-row x 32-column tiles), N = 20 (ragged column tile), K = 36 (SIMT for BF16).
+  const std::vector<Case> cases = {{1, 256, 4096, 1}, {40, 256, 4096, 1}, {17, 1024, 4096, 1}, {33, 16, 64, 2},
+                                   {40, 8192, 1024, 1}, {5, 20, 64, 1},     {7, 24, 36, 1}};
+  for (const Case& c : cases)
+    for (int variant = 0; variant < 3; ++variant) {  // 0: BF16 W, f32 x; 1: BF16 W, bf16 x; 2: F32 W, f32 x
+      const int64_t M = c.M, N = c.N, K = c.K, groups = c.groups, ldx = groups * K;
+      const bool wbf = variant < 2, xbf = variant == 1;
+      std::vector<float> wv;
+      std::vector<uint16_t> wb = gputest::rand_bf16(size_t(N * K), r, 0.05f, &wv);
+      std::vector<float> x = gputest::rand_f32(size_t(M * ldx), r, 1.0f);
+      std::vector<uint16_t> xb(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        xb[i] = f32_to_bf16(x[i]);
+        if (xbf) x[i] = bf16_to_f32(xb[i]);
       }
-    const std::string sh = shape({{"M", M}, {"N", N}, {"K", K}, {"groups", groups}});
-    cuda::DeviceBuffer dw = to_device(wb), dx = to_device(x);
-    Guarded<float> y{size_t(M * N)}, y1{size_t(N)};
-    cuda::dense_linear(ctx, dw.get(), true, N, K, groups, dx.get(), false, M, groups * K, y.ptr(), false, N, 1.0f);
-    const int64_t last = M - 1;
-    cuda::dense_linear(ctx, dw.get(), true, N, K, groups, dx.as<float>() + last * groups * K, false, 1, groups * K,
-                       y1.ptr(), false, N, 1.0f);
-    ctx.sync();
-    const std::vector<float> all = y.get(), one = y1.get();
-    expect_err("dense kernel BF16 x f32", sh, max_rel(all, ref), 1e-5);
-    EXPECT_EQ(std::memcmp(one.data(), all.data() + last * N, size_t(N) * 4), 0) << "row " << last << " alone, " << sh;
-  }
+      std::vector<float> ref(size_t(M * N));
+      const int64_t rpg = N / groups;
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double acc = 0;
+          const int64_t g = n / rpg;
+          for (int64_t k = 0; k < K; ++k) acc += double(x[size_t(m * ldx + g * K + k)]) * double(wv[size_t(n * K + k)]);
+          ref[size_t(m * N + n)] = float(acc);
+        }
+      const std::string sh = shape({{"M", M}, {"N", N}, {"K", K}, {"groups", groups}, {"variant", variant}});
+      cuda::DeviceBuffer dw = wbf ? to_device(wb) : to_device(wv), dx = xbf ? to_device(xb) : to_device(x);
+      Guarded<float> y{size_t(M * N)}, y1{size_t(N)};
+      const size_t es = xbf ? 2 : 4;
+      cuda::dense_linear(ctx, dw.get(), wbf, N, K, int(groups), dx.get(), xbf, M, ldx, y.ptr(), false, N, 1.0f);
+      const int64_t last = M - 1;
+      cuda::dense_linear(ctx, dw.get(), wbf, N, K, int(groups), static_cast<const char*>(dx.get()) + last * ldx * es,
+                         xbf, 1, ldx, y1.ptr(), false, N, 1.0f);
+      ctx.sync();
+      const std::vector<float> all = y.get(), one = y1.get();
+      expect_err("dense linear", sh, max_rel(all, ref), 1e-5);
+      EXPECT_EQ(std::memcmp(one.data(), all.data() + last * N, size_t(N) * 4), 0) << "row " << last << " alone, " << sh;
+    }
 }
 
 // The step's non-finite counter: several intermediates in one launch, f32 and bf16, 16-byte-aligned

@@ -193,6 +193,10 @@ void dense_linear(Context& ctx, const void* w, bool w_bf16, int64_t N, int64_t K
   if (M <= 0) return;
   CM_CU_CHECK(groups >= 1 && N % groups == 0, "dense_linear: %lld rows do not split into %d groups", (long long)N,
               groups);
+  if (w_bf16 && dense_mma_supported(K, ldx, x, x_bf16)) {
+    dense_linear_mma(ctx, static_cast<const uint16_t*>(w), N, K, groups, x, x_bf16, M, ldx, y, y_bf16, ldy, alpha);
+    return;
+  }
   const auto launch = [&](auto kernel, int cols, int rows) {
     CM_CU_CHECK(M < int64_t(65536) * rows, "dense_linear: %lld rows exceed the grid", (long long)M);
     const int64_t rpg = N / groups, cta_cols = kDenseWarps * cols;

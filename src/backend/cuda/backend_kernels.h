@@ -12,13 +12,20 @@ class Context;
 // y[r, c] = bf16(x[r, c]) for r < rows, c < cols (rows ldx / ldy apart).
 void cast_f32_bf16(Context& ctx, const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* y, int64_t ldy);
 
-// y[m, n] = alpha · Σ_k x[m, g·K + k] · W[n, k], g = n / (N / groups): one warp
-// per output, lanes over k in a fixed order, then a fixed shuffle tree. Each
-// output depends only on its own row of x, so a row gets the same bits in any
-// batch (cuBLAS picks kernels by M and would not). W f32 or bf16 [N, K]; x f32
-// or bf16; y f32 or bf16.
+// y[m, n] = alpha · Σ_k x[m, g·K + k] · W[n, k], g = n / (N / groups). W f32 or bf16 [N, K]; x f32
+// or bf16; y f32 or bf16. Each output depends only on its own row of x, so a row gets the same bits
+// in any batch (cuBLAS picks kernels by M and would not). BF16 weights run on tensor cores
+// (dense_linear_mma) when dense_mma_supported — a property of the shapes and buffers, never of M;
+// the others (F32 weights, odd K) take a SIMT kernel: per output, lanes over k in a fixed order,
+// then a fixed shuffle tree.
 void dense_linear(Context& ctx, const void* w, bool w_bf16, int64_t N, int64_t K, int groups, const void* x,
                   bool x_bf16, int64_t M, int64_t ldx, void* y, bool y_bf16, int64_t ldy, float alpha);
+
+// The tensor-core path of dense_linear for BF16 weights (dense_mma.cu): x split exactly into three
+// bf16 parts (one for bf16 x), fp32 accumulation, K split over 8 warps added in a fixed order.
+bool dense_mma_supported(int64_t K, int64_t ldx, const void* x, bool x_bf16);
+void dense_linear_mma(Context& ctx, const uint16_t* w, int64_t N, int64_t K, int groups, const void* x, bool x_bf16,
+                      int64_t M, int64_t ldx, void* y, bool y_bf16, int64_t ldy, float alpha);
 
 // y[i] = a[i] + b[i], f32.
 void add_f32(Context& ctx, const float* a, const float* b, int64_t n, float* y);
