@@ -1,9 +1,11 @@
 // Lightning-indexer scores and the deterministic top-k on the GPU (see
 // ops/compressor.h).
-// scores: grid (tokens, tiles of 32 entries), 128 threads: thread (e, g) dots
-//         entry e of the tile with the heads of group g (heads/4 of them), q
-//         staged in shared memory as bf16 and the key tile as f32; the 4
-//         group partial sums are added in group order (no atomics).
+// scores: grid (tokens, tiles of 16 entries), 128 threads: thread (e, g) dots
+//         entry e of the tile with the heads g, g + 8, … (heads/8 of them), q
+//         staged in shared memory as bf16 and the key tile as f32; the 8
+//         group partial sums are added in group order (no atomics). (Tiles of
+//         32 with 16 heads per thread left a decode token's ~1,000 entries to
+//         32 CTAs doing long serial loops.)
 // top-k:  one CTA of 1024 threads per row. The scores map to order-preserving
 //         u32 keys; a 4-pass 8-bit radix select (integer histograms) finds the
 //         k-th largest key T; every key > T is taken, and of the keys == T the
@@ -17,8 +19,10 @@ namespace cm {
 
 namespace {
 
-constexpr int kTile = 32;
+constexpr int kTile = 16;                 // entries per CTA
+constexpr int kGroups = 128 / kTile;      // head groups per entry (8 threads per entry)
 constexpr int kMaxHeads = 64, kMaxDim = 128;
+constexpr int kMaxHp = kMaxHeads / kGroups;  // heads per thread
 
 struct ScoreParams {
   CompressorStateView keys;
@@ -36,7 +40,7 @@ __global__ void __launch_bounds__(128) indexer_scores_kernel(const ScoreParams p
   cuda::dev::pdl_wait_and_release();
   __shared__ uint16_t qs[kMaxHeads * kMaxDim];
   __shared__ float ks[kTile][kMaxDim + 1];
-  __shared__ float part[4][kTile];
+  __shared__ float part[kGroups][kTile];
   const int64_t i = blockIdx.x;
   const int64_t s = p.slot[i];
   const int64_t ncausal = min(int64_t(p.pos[i] + 1) / p.keys.m, min(p.keys.max_entries, p.ld));
@@ -51,25 +55,27 @@ __global__ void __launch_bounds__(128) indexer_scores_kernel(const ScoreParams p
     ks[e][d] = e < ne ? cuda::dev::bf(kb[int64_t(e) * D + d]) : 0.f;
   }
   __syncthreads();
-  const int e = threadIdx.x % kTile, g = threadIdx.x / kTile, hp = H / 4;
+  // Thread (e, g): entry e, heads g, g + kGroups, g + 2·kGroups, … (H / kGroups of them, in that order).
+  const int e = threadIdx.x % kTile, g = threadIdx.x / kTile, hp = (H + kGroups - 1) / kGroups;
   const float qscale = 1.0f / sqrtf(float(D));
-  float acc[kMaxHeads / 4];
+  float acc[kMaxHp];
 #pragma unroll
-  for (int h = 0; h < kMaxHeads / 4; ++h) acc[h] = 0.f;
+  for (int h = 0; h < kMaxHp; ++h) acc[h] = 0.f;
   for (int d = 0; d < D; ++d) {
     const float kv = ks[e][d];
 #pragma unroll
-    for (int h = 0; h < kMaxHeads / 4; ++h)
-      if (h < hp) acc[h] += cuda::dev::bf(qs[(g * hp + h) * D + d]) * kv;
+    for (int h = 0; h < kMaxHp; ++h)
+      if (h < hp && g + kGroups * h < H) acc[h] += cuda::dev::bf(qs[(g + kGroups * h) * D + d]) * kv;
   }
   float sum = 0.f;
 #pragma unroll
-  for (int h = 0; h < kMaxHeads / 4; ++h)
-    if (h < hp) sum += fmaxf(acc[h], 0.f) * qscale * p.w[i * H + g * hp + h];
+  for (int h = 0; h < kMaxHp; ++h)
+    if (h < hp && g + kGroups * h < H) sum += fmaxf(acc[h], 0.f) * qscale * p.w[i * H + g + kGroups * h];
   part[g][e] = sum;
   __syncthreads();
   if (threadIdx.x < kTile && e < ne) {
-    const float v = ((part[0][e] + part[1][e]) + part[2][e]) + part[3][e];
+    float v = part[0][e];
+    for (int gg = 1; gg < kGroups; ++gg) v += part[gg][e];
     p.score[i * p.ld + e0 + e] = v;
   }
 }
