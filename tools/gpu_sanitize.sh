@@ -4,6 +4,7 @@
 # side (racecheck is slow: one process per group keeps each under the limit).
 # Writes one log per run to OUTDIR and prints each tool's summary line.
 # Usage: tools/gpu_sanitize.sh BUILD_DIR OUTDIR [SECONDS_PER_RUN]   (from the repo root)
+# Env: MEMCHECK_FILTER (gtest filter of the memcheck run, default every test).
 set -uo pipefail
 B=${1:?build dir}
 O=${2:?output dir}
@@ -14,9 +15,9 @@ san() {  # san NAME TOOL FILTER
   timeout "$T" compute-sanitizer --tool "$2" --print-limit 50 "$bin" --gtest_filter="$3" >"$O/$1.log" 2>&1
   echo "rc=$?" >>"$O/$1.log"
 }
-san memcheck memcheck '*' &
+san memcheck memcheck "${MEMCHECK_FILTER:-*}" &
 for g in 'GpuNvfp4Linear.*' 'GpuFp8Linear.*:GpuMxfp4Linear.*' 'GpuNvfp4Moe.*:GpuMxfp4Moe.*' 'GpuOps.*' \
-  '*Seam*:GpuContext.*:NcclComm.*'; do
+  '*Seam*:GpuContext.*:NcclComm.*:CudaGraphs.*:CudaStats.*:CudaMemory.*:BenchModelGpu.*'; do
   name="racecheck_$(echo "$g" | tr -c 'A-Za-z0-9\n' '_' | cut -c1-40)"
   san "$name" racecheck "$g" &
 done
