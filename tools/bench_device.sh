@@ -20,7 +20,7 @@ HF_LAYERS=${HF_LAYERS:-4}
 mkdir -p "$DIR"
 {
   date -u +"%Y-%m-%dT%H:%M:%SZ"
-  git rev-parse --short=12 HEAD 2>/dev/null || echo "no git"
+  cat COMMIT 2>/dev/null || git rev-parse --short=12 HEAD 2>/dev/null || echo "no git"  # COMMIT: tools/gpu_sync.sh
   nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.max.sm,clocks.max.mem,driver_version --format=csv
 } >"$DIR/env.txt" 2>&1
 cat "$DIR/env.txt"

@@ -16,4 +16,6 @@ mkdir -p "$DST/third_party/lib"
 cp -a /usr/include/pcre2.h "$DST/third_party/include/"
 cp -aL /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 "$DST/third_party/lib/"
 ln -sf libpcre2-8.so.0 "$DST/third_party/lib/libpcre2-8.so"
+# The commit the copy was made from (the copy has no .git; bench_device.sh records it).
+git -C "$SRC" rev-parse --short=12 HEAD >"$DST/COMMIT" 2>/dev/null || true
 du -sh "$DST"
