@@ -22,6 +22,13 @@ for g in 'GpuNvfp4Linear.*' 'GpuFp8Linear.*:GpuMxfp4Linear.*' 'GpuNvfp4Moe.*:Gpu
   san "$name" racecheck "$g" &
 done
 wait
-for f in "$O"/*.log; do
-  echo "== $(basename "$f"): $(grep -E '^\[  PASSED|^\[  FAILED|ERROR SUMMARY|RACECHECK SUMMARY|^rc=' "$f" | tr '\n' ' ')"
-done
+# One summary file (each run's result line and, per log, the code locations of its hazards and
+# errors with their counts) and one archive of the logs: the device tool brings back few files.
+{
+  for f in "$O"/*.log; do
+    echo "== $(basename "$f"): $(grep -E '^\[  PASSED|^\[  FAILED|ERROR SUMMARY|RACECHECK SUMMARY|^rc=' "$f" | tr '\n' ' ')"
+    grep -oE '(access at|^=+ +at) .* in [^ ]+' "$f" | sed -E 's/^(.*access|=+ +) at //; s/\(.*\)\+0x[0-9a-f]+//' |
+      sort | uniq -c | sort -rn | head -15
+  done
+} | tee "$O/summary.txt"
+tar -czf "$O.logs.tgz" -C "$(dirname "$O")" "$(basename "$O")" && rm -f "$O"/*.log
