@@ -3,6 +3,8 @@
 // whole otherwise), and a tensor observer that records the full tensors, from
 // which the test computes the same statistics with a plain loop.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -92,6 +94,20 @@ inline std::vector<StatsRecord> nan_weight_stats(const std::string& data_dir, De
     threw = true;
   }
   return stats.seen;
+}
+
+// The NaN-weight run on device d: the step throws, and the statistics that arrived before it name layer
+// 1's attention input of slot 1 first, with one NaN per row, and end with the logits.
+inline void expect_nan_weight_stats(const std::string& data_dir, Device d) {
+  bool threw = false;
+  const std::vector<StatsRecord> seen = nan_weight_stats(data_dir, d, threw);
+  EXPECT_TRUE(threw);
+  const StatsRecord* first_bad = first_non_finite(seen);
+  ASSERT_NE(first_bad, nullptr);
+  EXPECT_EQ(first_bad->name, "l1.s1.attn_in");
+  EXPECT_EQ(first_bad->stats[0].nan, 3);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().name, "logits");
 }
 
 }  // namespace cm::test
