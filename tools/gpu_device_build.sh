@@ -16,6 +16,23 @@ echo "#define CLAWMINE_GIT_COMMIT \"$(git rev-parse --short=12 HEAD 2>/dev/null 
 CLI_DEFS="-I$B/generated -DCLAWMINE_VERSION=\"0.1.0\" -DCLAWMINE_BUILD_TYPE=\"Release\" -DCLAWMINE_CUDA_ARCHS=\"90a\""
 NVCC="nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -Xcompiler=-fopenmp,-Wall"
 CUDA_INC=$(dirname "$(dirname "$(command -v nvcc)")")/include
+# NCCL (the multi-GPU communicator and its one-rank tests): the toolkit's, else the one PyTorch's wheels
+# ship (nvidia-nccl: include/ and lib/ next to each other); built without it when neither is there.
+NCCL_LINK=""
+NCCL_DIR=""
+CUDA_LIB=$(dirname "$CUDA_INC")/lib64
+if [ -f "$CUDA_INC/nccl.h" ] && ls "$CUDA_LIB"/libnccl.so* >/dev/null 2>&1; then
+  NCCL_LINK="-L$CUDA_LIB -lnccl"
+  INC="$INC -DCLAWMINE_HAVE_NCCL=1"
+else
+  NCCL_DIR=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
+  if [ -n "$NCCL_DIR" ] && [ -f "$NCCL_DIR/include/nccl.h" ] && ls "$NCCL_DIR"/lib/libnccl.so* >/dev/null 2>&1; then
+    NCCL_LIB=$(ls "$NCCL_DIR"/lib/libnccl.so* | head -1)
+    INC="$INC -I$NCCL_DIR/include -DCLAWMINE_HAVE_NCCL=1"
+    NCCL_LINK="-Xlinker $NCCL_LIB -Xlinker -rpath=$NCCL_DIR/lib"
+  fi
+fi
+echo "NCCL: ${NCCL_LINK:-not found (built without the NCCL communicator)}"
 CXX="g++ -std=c++20 -O3 -fopenmp -Wall -Wextra -Wno-unused-parameter -I$CUDA_INC"
 compile() {  # compile SRC OBJ
   local src=$1 obj=$2
@@ -45,7 +62,7 @@ core_objs=(); test_objs=(); cli_objs=()
 for f in "${CORE[@]}"; do core_objs+=("$(obj "$f")"); done
 for f in "${TESTS[@]}"; do test_objs+=("$(obj "$f")"); done
 for f in "${CLI[@]}"; do cli_objs+=("$(obj "$f")"); done
-LINK="nvcc -gencode=arch=compute_90a,code=sm_90a -Xcompiler=-fopenmp -lcublas -lpthread -ldl -L$TP/lib -lpcre2-8 -Xlinker -rpath=$PWD/$TP/lib"
+LINK="nvcc -gencode=arch=compute_90a,code=sm_90a -Xcompiler=-fopenmp -lcublas -lpthread -ldl -L$TP/lib -lpcre2-8 -Xlinker -rpath=$PWD/$TP/lib $NCCL_LINK"
 $LINK "${core_objs[@]}" "${test_objs[@]}" -o "$B/clawmine_gpu_tests"
 $LINK "${core_objs[@]}" "${cli_objs[@]}" -o "$B/clawmine"
 echo "built $B/clawmine_gpu_tests $B/clawmine"
