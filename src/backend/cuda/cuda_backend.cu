@@ -116,8 +116,9 @@ class CudaBackend final : public ModelBackend {
   // or captured into a graph by run_graph. max_pos bounds the indexer's grid (kernels also bound
   // each row by its own position, so a larger value changes no result).
   void forward(int64_t n, int64_t R, int64_t max_pos);
-  // Replays (capturing on first use) the graph of a step with n rows and R logits rows.
-  void run_graph(int64_t n, int64_t R);
+  // Replays (capturing on first use) the graph of a step with n rows and R logits rows; false when
+  // kMaxGraphs other shapes are kept already (the caller runs the step eagerly).
+  bool run_graph(int64_t n, int64_t R);
   void clear_graphs();
   // Op timing (bench model): an event after each op call, labelled (op_timer.h).
   void mark(const char* label) {
@@ -463,16 +464,13 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   // events — its SPAN mode times the whole step from outside the graph).
   const bool per_op = timer_ && timer_->mode() == cuda::OpTimer::Mode::OPS;
   const bool graph = opt_.cuda_graphs && !obs_.active() && !per_op && n <= kGraphMaxRows;
-  if (graph)
-    run_graph(n, R);
-  else
-    forward(n, R, max_pos);
+  if (!graph || !run_graph(n, R)) forward(n, R, max_pos);
   for (const Segment& s : segs_) pos_[size_t(s.slot)] = s.pos0 + s.n;
 
   // The logits rows to the host (the step's only synchronisation), then the non-finite check.
+  if (timer_) timer_->end(ctx.stream());
   if (R > 0) {
     float *y = P<float>(act_.final_y), *logits = P<float>(act_.logits);
-    if (timer_) timer_->end(ctx.stream());
     obs_.observe(ctx, "final_norm", y, false, {R, D});
     obs_.observe(ctx, "logits", logits, false, {R, V});
     obs_.to_host(ctx, logits_out, logits, size_t(R * V) * 4);
@@ -484,7 +482,6 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
                 "every layer's statistics)",
                 first_non_finite().c_str());
   } else {
-    if (timer_) timer_->end(ctx.stream());
     CM_CUDA(cudaStreamSynchronize(ctx.stream()));
     obs_.flush(ctx);
   }
@@ -549,15 +546,12 @@ void CudaBackend::clear_graphs() {
   graphs_.clear();
 }
 
-void CudaBackend::run_graph(int64_t n, int64_t R) {
+bool CudaBackend::run_graph(int64_t n, int64_t R) {
   cudaStream_t st = ctx_->stream();
   const int64_t all_pos = shape_.max_ctx - 1;  // the indexer's grid covers every entry the slots can hold
   auto it = graphs_.find({n, R});
   if (it == graphs_.end()) {
-    if (graphs_.size() >= kMaxGraphs) {  // an unusual mix of step shapes: run it eagerly
-      forward(n, R, all_pos);
-      return;
-    }
+    if (graphs_.size() >= kMaxGraphs) return false;  // an unusual mix of step shapes
     CM_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     cudaGraph_t g = nullptr;
     try {
@@ -577,6 +571,7 @@ void CudaBackend::run_graph(int64_t n, int64_t R) {
     notes_ = it->second.notes;  // what the replayed kernels count, for first_non_finite
   }
   CM_CUDA(cudaGraphLaunch(it->second.exec, st));
+  return true;
 }
 
 // The first counted intermediate with a non-finite value, named for the slot of its first bad row.
