@@ -118,15 +118,8 @@ __device__ __forceinline__ void finish_head(const float (&o)[8], float l, int c,
   const int nope = p.dim - p.rope_dim;
   if (8 * c >= nope) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      float sn, cs;
-      sincosf(__fmul_rn(p.freqs[(8 * c - nope) / 2 + u], float(P)), &sn, &cs);
-      cs = __fmul_rn(cs, p.af);
-      sn = -__fmul_rn(sn, p.af);  // inverse rotation
-      const float a = v[2 * u], b = v[2 * u + 1];
-      v[2 * u] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-      v[2 * u + 1] = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
-    }
+    for (int u = 0; u < 4; ++u)
+      cuda::dev::rope_pair_rn(v[2 * u], v[2 * u + 1], p.freqs[(8 * c - nope) / 2 + u], P, p.af, true);
   }
   uint32_t w[4];
 #pragma unroll

@@ -97,4 +97,18 @@ __device__ __forceinline__ void rope_pair(float& a, float& b, float freq, int64_
   b = nb;
 }
 
+// rope_pair with every operation rounded on its own (no FMA contraction), so it gives the same bits in
+// every kernel it is inlined into (attention's in-CTA and combine epilogues must agree bit for bit).
+__device__ __forceinline__ void rope_pair_rn(float& a, float& b, float freq, int64_t pos, float attention_factor,
+                                             bool inverse) {
+  float s, c;
+  sincosf(__fmul_rn(freq, float(pos)), &s, &c);
+  c = __fmul_rn(c, attention_factor);
+  s = __fmul_rn(s, attention_factor);
+  if (inverse) s = -s;
+  const float na = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)), nb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  a = na;
+  b = nb;
+}
+
 }  // namespace cm::cuda::dev
