@@ -8,9 +8,11 @@
 //    indexer_scores_cpu, and topk_lower_index_first_cuda against the CPU
 //    top-k on the same scores (exact indices, many exact ties);
 //  - attention_sink_cuda (64 heads × 512, rope 64, window 128, top-k 512 of
-//    > 512 entries; HCA; window only; 128 heads; tiny) against
-//    attention_sink_cpu + inverse RoPE, and window_store_cuda (exact ring);
-//    its split (decode) path gives the in-CTA path's bits on the same inputs.
+//    > 512 entries; HCA; window only; 128 heads; tiny; head groups of fewer
+//    than 16 heads and head sizes 8..256 for the tensor-core tile and the SIMT
+//    fallback) against attention_sink_cpu + inverse RoPE, and
+//    window_store_cuda (exact ring); its split (decode) path gives the in-CTA
+//    path's bits on the same inputs, and a token run alone its batch's bits.
 // Metric max|gpu − cpu| / max|cpu|; bf16 outputs (entries, attention) are
 // bounded by 8e-3 (bf16 rounding costs up to 2^-8 ≈ 3.9e-3 of max|ref|, twice
 // as margin), f32 index scores by 1e-5 (fp32 sums over 64 × 128 terms in
