@@ -8,9 +8,11 @@
 //    indexer_scores_cpu, and topk_lower_index_first_cuda against the CPU
 //    top-k on the same scores (exact indices, many exact ties);
 //  - attention_sink_cuda (64 heads × 512, rope 64, window 128, top-k 512 of
-//    > 512 entries; HCA; window only; 128 heads; tiny) against
-//    attention_sink_cpu + inverse RoPE, and window_store_cuda (exact ring);
-//    its split (decode) path gives the in-CTA path's bits on the same inputs.
+//    > 512 entries; HCA; window only; 128 heads; tiny; head groups of fewer
+//    than 16 heads and head sizes 8..256 for the tensor-core tile and the SIMT
+//    fallback) against attention_sink_cpu + inverse RoPE, and
+//    window_store_cuda (exact ring); its split (decode) path gives the in-CTA
+//    path's bits on the same inputs, and a token run alone its batch's bits.
 // Metric max|gpu − cpu| / max|cpu|; bf16 outputs (entries, attention) are
 // bounded by 8e-3 (bf16 rounding costs up to 2^-8 ≈ 3.9e-3 of max|ref|, twice
 // as margin), f32 index scores by 1e-5 (fp32 sums over 64 × 128 terms in
@@ -246,11 +248,14 @@ struct AttnCase {
   std::vector<SlotRun> runs;
   const char* name;
   bool holes = false;  // CSA: −1 entries scattered through each selection (not only after the causal count)
+  float q_amp = 3.0f;  // q uniform in ±q_amp: score std ≈ q_amp/3 (30: one entry takes nearly all the weight)
 };
 
 // The split path must run for want_split; it runs on the same inputs
 // whenever its workspace is not too large for the test (≤ 2^25 floats) and
-// must give the in-CTA path's bits.
+// must give the in-CTA path's bits. The first token of each run, run alone
+// (its window rows are all in the ring or its own), must give its bits in the
+// whole batch (batch invariance).
 void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed, bool want_split = false) {
   Rng r(seed);
   BatchRows b(ac.runs);
@@ -275,7 +280,7 @@ void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed, bool
     std::copy_n(&hist_b[size_t(b.slot[size_t(i)])][size_t(b.pos[size_t(i)] * D)], D, &kv[size_t(i * D)]);
   std::vector<float> ent_v, q_v;
   std::vector<uint16_t> ent = gputest::rand_bf16(size_t(std::max<int64_t>(1, max_slots * max_entries * D)), r, 1.0f, &ent_v);
-  std::vector<uint16_t> q = gputest::rand_bf16(size_t(n * H * D), r, 3.0f, &q_v);
+  std::vector<uint16_t> q = gputest::rand_bf16(size_t(n * H * D), r, ac.q_amp, &q_v);
   std::vector<float> sinks = gputest::rand_f32(size_t(H), r, 1.0f);
   std::vector<int32_t> sel;
   if (ac.kind == 2) {
@@ -332,10 +337,38 @@ void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed, bool
   if (try_split)
     attention_sink_cuda(ctx, in_ws, dq.as<uint16_t>(), H, D, scale, rv, ds.as<int32_t>(), dp.as<int32_t>(), n,
                         out_split.ptr());
+  // The first token of each run alone (before window_store_cuda changes the ring).
+  std::vector<int64_t> firsts;
+  for (int64_t i = 0, k = 0; k < int64_t(ac.runs.size()); i += ac.runs[size_t(k)].len, ++k) firsts.push_back(i);
+  const int64_t nf = int64_t(firsts.size());
+  std::vector<int32_t> f_slot, f_pos, f_sel;
+  std::vector<uint16_t> f_kv, f_q;
+  for (int64_t i : firsts) {
+    f_slot.push_back(b.slot[size_t(i)]);
+    f_pos.push_back(b.pos[size_t(i)]);
+    f_kv.insert(f_kv.end(), kv.begin() + i * D, kv.begin() + (i + 1) * D);
+    f_q.insert(f_q.end(), q.begin() + i * H * D, q.begin() + (i + 1) * H * D);
+    if (ac.kind == 2) f_sel.insert(f_sel.end(), sel.begin() + i * ac.topk, sel.begin() + (i + 1) * ac.topk);
+  }
+  cuda::DeviceBuffer dfs = to_device(f_slot), dfp = to_device(f_pos), dfkv = to_device(f_kv), dfq = to_device(f_q);
+  cuda::DeviceBuffer dfsel = to_device(f_sel);
+  AttnInputs in_f = in;
+  in_f.kv = dfkv.as<uint16_t>();
+  if (ac.kind == 2) in_f.sel = dfsel.as<int32_t>();
+  Guarded<uint16_t> out_f(size_t(nf * H * D));
+  attention_sink_cuda(ctx, in_f, dfq.as<uint16_t>(), H, D, scale, rv, dfs.as<int32_t>(), dfp.as<int32_t>(), nf,
+                      out_f.ptr());
   window_store_cuda(ctx, dkv.as<uint16_t>(), dring.as<uint16_t>(), W, D, ds.as<int32_t>(), dp.as<int32_t>(), n);
   ctx.sync();
   const std::vector<uint16_t> got_b = out.get();
   EXPECT_EQ(got_b, out2.get()) << "attention is not deterministic: " << ac.name;
+  {
+    const std::vector<uint16_t> got_f = out_f.get();
+    for (int64_t k = 0; k < nf; ++k)
+      EXPECT_TRUE(std::equal(got_f.begin() + k * H * D, got_f.begin() + (k + 1) * H * D,
+                             got_b.begin() + firsts[size_t(k)] * H * D))
+          << "token " << firsts[size_t(k)] << " alone differs from its bits in the batch: " << ac.name;
+  }
   if (try_split) {
     EXPECT_TRUE(got_b == out_split.get()) << (split ? "split" : "in-CTA (with a workspace)")
                                           << " path differs from the in-CTA path: " << ac.name;
@@ -388,6 +421,33 @@ TEST(GpuOps, AttentionWithSinksOtherShapes) {
   check_attention(ctx, {4, 32, 8, 12, 2, 4, 4, {{0, 0, 30}, {1, 40, 1}, {2, 7, 5}}, "tiny CSA"}, 32);
   check_attention(ctx, {4, 32, 8, 12, 1, 16, 0, {{0, 0, 40}, {1, 100, 3}}, "tiny HCA"}, 33);
   check_attention(ctx, {4, 128, 32, 128, 1, 128, 0, {{0, 0, 300}, {1, 1000, 2}}, "default-model HCA"}, 34);
+}
+
+// Shapes the tensor-core segment (a 16-row head tile, k16 steps over the
+// channels, 16-channel column pairs over 8 warps) could get wrong: head
+// groups of fewer than 16 heads (zero-padded tile rows: 12, 10 of 40, 6,
+// 1 of 17, 1), head_dim 16 (one k16 step, one column pair), 32, 64, 128, 256;
+// segments past the end and wholly missing (early positions with a large
+// top-k), −1 holes; peaked softmax (q ±30); and head_dim 8, which keeps the
+// SIMT segment (chosen by the shape). Split where it applies, batch-invariant.
+TEST(GpuOps, AttentionHeadGroupsAndDims) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  check_attention(ctx, {12, 64, 16, 40, 2, 4, 48, {{0, 0, 3}, {1, 300, 1}, {2, 90, 2}}, "12 heads x 64 CSA", true}, 51,
+                  true);
+  check_attention(ctx, {40, 128, 32, 64, 1, 16, 0, {{0, 0, 70}, {1, 500, 2}}, "40 heads (10 a CTA) x 128 HCA"}, 52);
+  check_attention(ctx, {6, 16, 8, 40, 2, 4, 40, {{0, 0, 25}, {1, 200, 1}}, "6 heads x 16 CSA", true}, 53, true);
+  check_attention(ctx, {10, 32, 8, 70, 1, 8, 0, {{0, 0, 90}, {1, 333, 1}}, "10 heads x 32 HCA"}, 54);
+  check_attention(ctx, {16, 256, 64, 128, 2, 4, 256, {{0, 2000, 3}, {1, 0, 65}}, "16 heads x 256 CSA", true}, 55);
+  check_attention(ctx, {17, 32, 16, 50, 2, 2, 30, {{0, 0, 9}, {1, 120, 1}}, "17 heads (1 a CTA) x 32 CSA"}, 56, true);
+  check_attention(ctx, {1, 64, 16, 30, 1, 8, 0, {{0, 0, 40}, {1, 77, 1}}, "1 head x 64 HCA"}, 57);
+  check_attention(ctx, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 2}, {1, 0, 70}}, "Flash CSA peaked", true, 30.f}, 58);
+  check_attention(ctx, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 1}, {1, 3, 1}}, "Flash CSA peaked decode", true, 30.f},
+                  59, true);
+  // head_dim 8: the SIMT segment, both paths.
+  check_attention(ctx, {4, 8, 8, 12, 2, 4, 70, {{0, 0, 30}, {1, 400, 1}, {2, 7, 5}}, "dim 8 (SIMT) CSA", true}, 60,
+                  true);
+  check_attention(ctx, {8, 8, 8, 100, 0, 0, 0, {{0, 0, 150}, {1, 50, 2}}, "dim 8 (SIMT) SWA"}, 61);
 }
 
 // Decode-sized batches, where the split path (a CTA per token, head group and
