@@ -18,12 +18,32 @@
 //          order: the same step gives the same bits.
 // Token groups of 16 per pass; an expert with more tokens loops (weights are
 // then re-read from L2).
+//
+// prefill: at 2048+ tokens every expert holds tens of tokens and the decode
+//          kernels re-read (and re-expand) each weight chunk once per 16
+//          tokens. The prefill kernels take a 64-token tile of one expert
+//          (the route kernel lists the tiles) and 4 row blocks per CTA: 16
+//          warps, the activations of 4 chunks at a time staged once in shared
+//          memory (cp.async, double buffered) for all of them, so each weight
+//          word is loaded and expanded once per 64 tokens and each activation
+//          read from L2 once per 64 rows.
+//          Bit identity with the decode kernels (the engine needs a token's
+//          logits not to depend on how the prompt was chunked): warp kw of a
+//          row block walks the chunks kw, kw+4, ... in increasing order with
+//          the same 4 mma steps per chunk on the same A fragments, exactly the
+//          K split of the decode kernels' warps, and the four partial sums
+//          meet in reduce_warps_group's fixed order; the epilogue math is one
+//          non-inlined function both paths call. An mma output element
+//          depends only on its own row of A and column of B (the decode
+//          kernels already rely on this: a token's column changes with the
+//          batch), so a token gets the same bits from either path.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/kernel_setup.h"
 #include "backend/cuda/nvfp4_pack.h"
 #include "backend/cuda/ops_device.cuh"
 #include "backend/cuda/sm90_nvfp4.cuh"
@@ -50,7 +70,27 @@ struct MoeParams {
   __nv_bfloat16* h;  // [T*topk, inter]
   float* yk;         // [T*topk, hidden]: one row per (token, k)
   float* y;          // [T, hidden]
+  int* tiles;        // prefill: [0] = tile count, then (expert, first row in its list) pairs; null: not listed
 };
+
+// Prefill tiling (see the top of the file).
+constexpr int kPfMT = 8;                      // 8 groups of 8 tokens per tile
+constexpr int kPfTile = 8 * kPfMT;            // tokens per tile
+constexpr int kPfRB = 4;                      // 16-row blocks per CTA
+constexpr int kPfThreads = 128 * kPfRB;       // 4 K-split warps per row block
+constexpr int kPfPitch = 72;                  // bf16 per staged token row (64 + 8: conflict-free 16-byte reads)
+constexpr int kPfStage = 4 * kPfTile * kPfPitch;  // bf16 per stage: 4 chunks of the tile
+constexpr size_t kPfSmem = size_t(2) * kPfStage * 2;
+static_assert(kPfSmem >= size_t(kPfRB) * 4 * kPfTile * 16 * 4, "the reduce area reuses the stage buffers");
+
+// h of one (token, k) element from the reduced gate and up sums. Not inlined:
+// the decode and prefill kernels run the very same instructions (no
+// contraction or reordering that could differ between the two call sites).
+__device__ __noinline__ float swiglu_h(float gsum, float usum, float sc_g, float sc_u, float limit, float w) {
+  const float gg = fminf(gsum * sc_g, limit);
+  const float uu = fminf(fmaxf(usum * sc_u, -limit), limit);
+  return gg / (1.0f + expf(-gg)) * uu * w;
+}
 
 __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeParams p) {
   // PDL: wait for the kernel that produced ids/weights (and for the previous
@@ -82,6 +122,16 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeParams p) {
     p.offsets[p.count + 1] = nact;
   }
   __syncthreads();
+  if (p.tiles != nullptr) {  // prefill: this expert's 64-token tiles, expert-major
+    const int nt = (c + kPfTile - 1) / kPfTile;
+    int ntiles = 0;
+    const int toff = dev::block_excl_scan(nt, tmp, ntiles);
+    for (int j = 0; j < nt; ++j) {
+      p.tiles[1 + 2 * (toff + j)] = e;
+      p.tiles[2 + 2 * (toff + j)] = j * kPfTile;
+    }
+    if (threadIdx.x == 0) p.tiles[0] = ntiles;
+  }
   if (e < p.count && c > 0) {  // this expert's slots in (token, k) order
     int pos = off;
     for (int i = 0; i < n; ++i)
@@ -139,9 +189,7 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(const MoeParams p) {
       const int v = threadIdx.x + 128 * q;
       const int n = g0 + v / 16;
       if (n < cnt) {
-        const float gg = fminf(gv[q] * sc_g, p.limit);
-        const float uu = fminf(fmaxf(uv[q] * sc_u, -p.limit), p.limit);
-        const float hv = gg / (1.0f + expf(-gg)) * uu * p.sorted_w[off + n];
+        const float hv = swiglu_h(gv[q], uv[q], sc_g, sc_u, p.limit, p.sorted_w[off + n]);
         p.h[int64_t(off + n) * p.inter + rb * 16 + v % 16] = __float2bfloat16_rn(hv);
       }
     }
@@ -195,6 +243,150 @@ __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
       const int v = threadIdx.x + 128 * q;
       const int n = g0 + v / 16;
       if (n < cnt) p.yk[int64_t(p.sorted_tok[off + n]) * p.hidden + rb * 16 + v % 16] = vals[q] * sc;
+    }
+  }
+}
+
+// 16-byte global -> shared copy; src_bytes 0 fills the 16 bytes with zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// Prefill gate/up + SwiGLU (kGateUp) or down for one 64-token tile of one
+// expert and kPfRB row blocks. grid (row blocks / kPfRB, max tiles); CTAs
+// past the listed tile count exit. Warp (r, kw): row block r, chunks
+// kw, kw+4, ... (the decode kernels' K split; see the top of the file).
+template <bool kGateUp>
+__global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoeParams p) {
+  constexpr int NW = kGateUp ? 2 : 1;
+  using namespace sm90;
+  dev::pdl_wait_and_release();
+  const int tile = blockIdx.y;
+  if (tile >= p.tiles[0]) return;
+  const int e = p.tiles[1 + 2 * tile], n0 = p.tiles[2 + 2 * tile];
+  const int off = p.offsets[e] + n0, cnt = min(p.offsets[e + 1] - off, kPfTile);
+  extern __shared__ __align__(16) unsigned char pf_smem[];
+  __nv_bfloat16* const xs = reinterpret_cast<__nv_bfloat16*>(pf_smem);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int kw = warp & 3, rb = blockIdx.x * kPfRB + (warp >> 2);
+  const int ch = kGateUp ? p.ch13 : p.ch2;
+  const int64_t wo = int64_t(e) * (kGateUp ? p.stride13 : p.stride2) + int64_t(rb) * ch * 32;
+  const uint4* wb[NW];
+  const uint16_t* sb[NW];
+  if constexpr (kGateUp) {
+    wb[0] = p.w1 + wo + lane;
+    wb[1] = p.w3 + wo + lane;
+    sb[0] = p.s1 + wo + g * 4 + t;
+    sb[1] = p.s3 + wo + g * 4 + t;
+  } else {
+    wb[0] = p.w2 + wo + lane;
+    sb[0] = p.s2 + wo + g * 4 + t;
+  }
+  if ((threadIdx.x & 127) == 0) {  // this row block's weights into L2 at once (as the decode kernels)
+    const uint32_t db = uint32_t(ch * 512), sbytes = uint32_t(ch * 64);
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wb[m] - lane), "r"(db) : "memory");
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sb[m] - g * 4 - t), "r"(sbytes) : "memory");
+    }
+  }
+  // Staging: thread i copies 16 bytes (piece i%8) of token row i/8 of each of
+  // the stage's 4 chunks; absent tokens and chunks past K are zero filled.
+  const int srow = threadIdx.x >> 3, piece = threadIdx.x & 7;
+  const bool rvalid = srow < cnt;
+  const __nv_bfloat16* src;
+  if constexpr (kGateUp)
+    src = p.x + int64_t(rvalid ? p.sorted_tok[off + srow] / p.topk : 0) * p.hidden + 8 * piece;
+  else
+    src = p.h + int64_t(rvalid ? off + srow : 0) * p.inter + 8 * piece;
+  const int nst = (ch + 3) / 4;
+  auto stage = [&](int s) {
+    __nv_bfloat16* dst = xs + (s & 1) * kPfStage + srow * kPfPitch + 8 * piece;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int c = 4 * s + q;
+      const bool ok = rvalid && c < ch;
+      cp_async16(dst + q * kPfTile * kPfPitch, ok ? src + int64_t(c) * 64 : src, ok ? 16 : 0);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  auto load_w = [&](int c, uint4 (&wv)[NW], uint32_t (&sv)[NW]) {
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+      wv[m] = c < ch ? ld_stream(wb[m] + int64_t(c) * 32) : make_uint4(0, 0, 0, 0);
+      sv[m] = c < ch ? uint32_t(sb[m][int64_t(c) * 32]) : 0u;
+    }
+  };
+  float acc[NW][kPfMT][4] = {};
+  uint4 wv[NW];
+  uint32_t sv[NW];
+  stage(0);
+  load_w(kw, wv, sv);
+  for (int s = 0; s < nst; ++s) {
+    if (s + 1 < nst) stage(s + 1);
+    else asm volatile("cp.async.commit_group;" ::: "memory");  // keeps the wait below uniform
+    uint4 wn[NW];
+    uint32_t sn[NW];
+    load_w(4 * (s + 1) + kw, wn, sn);  // the next chunk's weights fly while this one computes
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    __syncthreads();
+    if (4 * s + kw < ch) {
+      // Per accumulator: mma steps j = 0..3 of this chunk in order, as chunk_mma.
+      uint32_t sg[NW], sg8[NW];
+#pragma unroll
+      for (int m = 0; m < NW; ++m) decode_scales(sv[m], sg[m], sg8[m]);
+      const __nv_bfloat16* xt = xs + (s & 1) * kPfStage + kw * kPfTile * kPfPitch + g * kPfPitch + 16 * t;
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp) {
+        uint32_t a[NW][2][4];
+#pragma unroll
+        for (int m = 0; m < NW; ++m) {
+          expand_word(jp ? wv[m].z : wv[m].x, sg[m], sg8[m], a[m][0]);
+          expand_word(jp ? wv[m].w : wv[m].y, sg[m], sg8[m], a[m][1]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < kPfMT; ++mt) {
+          const uint4 xq = *reinterpret_cast<const uint4*>(xt + 8 * mt * kPfPitch + 8 * jp);
+#pragma unroll
+          for (int m = 0; m < NW; ++m) {
+            mma_16816(acc[m][mt], a[m][0], xq.x, xq.y);
+            mma_16816(acc[m][mt], a[m][1], xq.z, xq.w);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the buffer computed here is staged again at s + 1
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+      wv[m] = wn[m];
+      sv[m] = sn[m];
+    }
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();
+  float* const red = reinterpret_cast<float*>(pf_smem) + (warp >> 2) * 4 * kPfTile * 16;
+  const int tid = threadIdx.x & 127, row = rb * 16 + tid % 16;
+  float v0[kPfMT];
+  reduce_warps_group<kPfMT>(acc[0], red, kw, tid, v0);
+  if constexpr (kGateUp) {
+    float v1[kPfMT];
+    reduce_warps_group<kPfMT>(acc[NW - 1], red, kw, tid, v1);
+    const float sc_g = kEpilogueFactor * p.scale2[e * 3], sc_u = kEpilogueFactor * p.scale2[e * 3 + 1];
+#pragma unroll
+    for (int q = 0; q < kPfMT; ++q) {
+      const int n = (tid + 128 * q) / 16;
+      if (n < cnt) {
+        const float hv = swiglu_h(v0[q], v1[q], sc_g, sc_u, p.limit, p.sorted_w[off + n]);
+        p.h[int64_t(off + n) * p.inter + row] = __float2bfloat16_rn(hv);
+      }
+    }
+  } else {
+    const float sc = kEpilogueFactor * p.scale2[e * 3 + 2];
+#pragma unroll
+    for (int q = 0; q < kPfMT; ++q) {
+      const int n = (tid + 128 * q) / 16;
+      if (n < cnt) p.yk[int64_t(p.sorted_tok[off + n]) * p.hidden + row] = v0[q] * sc;
     }
   }
 }
@@ -284,10 +476,22 @@ MoeScratch::MoeScratch(const DeviceExperts& e, int max_tokens_, int topk_) : max
   sorted_w.alloc(slots * 4);
   h.alloc(slots * size_t(e.inter) * 2);
   yk.alloc(slots * size_t(e.hidden) * 4);
+  // An expert with c tokens has ceil(c/64) <= c/64 + 1 tiles: at most
+  // slots/64 + (active experts) in all.
+  const int64_t mt = int64_t(slots / kPfTile) + std::min<int64_t>(int64_t(slots), e.count);
+  CM_CU_CHECK(mt <= 65535, "moe: %lld prefill tiles exceed the grid limit (max_tokens %d, topk %d)", (long long)mt,
+              max_tokens, topk);
+  max_tiles = int(mt);
+  tiles.alloc(size_t(1 + 2 * max_tiles) * 4);
+}
+
+void setup_moe_kernels() {
+  CM_CUDA(cudaFuncSetAttribute(moe_prefill_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPfSmem)));
+  CM_CUDA(cudaFuncSetAttribute(moe_prefill_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPfSmem)));
 }
 
 void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16_t* x, int T, const int32_t* ids,
-               const float* weights, float* y) {
+               const float* weights, float* y, MoePath path) {
   CM_CU_CHECK(T >= 0 && T <= s.max_tokens, "moe: %d tokens exceed the scratch capacity %d", T, s.max_tokens);
   if (T == 0) return;
   MoeParams p{};
@@ -319,16 +523,28 @@ void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16
   p.h = s.h.as<__nv_bfloat16>();
   p.yk = s.yk.as<float>();
   p.y = y;
-  const unsigned max_active = unsigned(std::min<int64_t>(int64_t(T) * s.topk, e.count));
+  const bool prefill = path == MoePath::prefill || (path == MoePath::automatic && T >= kMoePrefillMinTokens);
+  if (prefill) p.tiles = s.tiles.as<int>();
   launch_kernel(ctx, moe_route_kernel, dim3(1), dim3(1024), 0, "moe_route_kernel", p);
-  const dim3 g1(unsigned(e.inter / 16), max_active), g2(unsigned(e.hidden / 16), max_active);
-  // An expert holds at most T*topk tokens: with <= 8 one 8-token pass suffices.
-  if (int64_t(T) * s.topk <= 8) {
-    launch_kernel(ctx, moe_gate_up_kernel<1>, g1, dim3(128), 0, "moe_gate_up_kernel", p);
-    launch_kernel(ctx, moe_down_kernel<1>, g2, dim3(128), 0, "moe_down_kernel", p);
+  const int64_t slots = int64_t(T) * s.topk;
+  if (prefill) {
+    // The scratch's bound on this step's tiles: slots/64 + min(count, slots).
+    const unsigned tiles = unsigned(slots / kPfTile + std::min<int64_t>(slots, e.count));
+    launch_kernel(ctx, moe_prefill_kernel<true>, dim3(unsigned(e.inter / 16 / kPfRB), tiles), dim3(kPfThreads),
+                  kPfSmem, "moe_prefill_gate_up_kernel", p);
+    launch_kernel(ctx, moe_prefill_kernel<false>, dim3(unsigned(e.hidden / 16 / kPfRB), tiles), dim3(kPfThreads),
+                  kPfSmem, "moe_prefill_down_kernel", p);
   } else {
-    launch_kernel(ctx, moe_gate_up_kernel<2>, g1, dim3(128), 0, "moe_gate_up_kernel", p);
-    launch_kernel(ctx, moe_down_kernel<2>, g2, dim3(128), 0, "moe_down_kernel", p);
+    const unsigned max_active = unsigned(std::min<int64_t>(slots, e.count));
+    const dim3 g1(unsigned(e.inter / 16), max_active), g2(unsigned(e.hidden / 16), max_active);
+    // An expert holds at most T*topk tokens: with <= 8 one 8-token pass suffices.
+    if (slots <= 8) {
+      launch_kernel(ctx, moe_gate_up_kernel<1>, g1, dim3(128), 0, "moe_gate_up_kernel", p);
+      launch_kernel(ctx, moe_down_kernel<1>, g2, dim3(128), 0, "moe_down_kernel", p);
+    } else {
+      launch_kernel(ctx, moe_gate_up_kernel<2>, g1, dim3(128), 0, "moe_gate_up_kernel", p);
+      launch_kernel(ctx, moe_down_kernel<2>, g2, dim3(128), 0, "moe_down_kernel", p);
+    }
   }
   const int64_t outs = int64_t(T) * e.hidden;
   launch_kernel(ctx, moe_combine_kernel, dim3(unsigned((outs + 255) / 256)), dim3(256), 0, "moe_combine_kernel", p);
