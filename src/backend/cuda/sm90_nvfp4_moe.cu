@@ -1,4 +1,4 @@
-// Grouped NVFP4 MoE decode kernels (see cuda_moe.h).
+// Grouped NVFP4 MoE kernels, decode and prefill (see cuda_moe.h).
 //
 // route:   one CTA counts tokens per local expert, scans the counts into
 //          offsets and a compact list of active experts, and lists the
@@ -22,11 +22,11 @@
 // prefill: at 2048+ tokens every expert holds tens of tokens and the decode
 //          kernels re-read (and re-expand) each weight chunk once per 16
 //          tokens. The prefill kernels take a 64-token tile of one expert
-//          (the route kernel lists the tiles) and 4 row blocks per CTA: 16
-//          warps, the activations of 4 chunks at a time staged once in shared
-//          memory (cp.async, double buffered) for all of them, so each weight
-//          word is loaded and expanded once per 64 tokens and each activation
-//          read from L2 once per 64 rows.
+//          (the route kernel lists the tiles) and 4 row blocks per CTA (16
+//          warps). Four K chunks of the tile's activations and each warp's
+//          weight chunk are staged in shared memory by cp.async, three stages
+//          in flight, so each weight word is loaded and expanded once per 64
+//          tokens and each activation read from L2 once per 64 rows.
 //          Bit identity with the decode kernels (the engine needs a token's
 //          logits not to depend on how the prompt was chunked): warp kw of a
 //          row block walks the chunks kw, kw+4, ... in increasing order with
@@ -74,14 +74,20 @@ struct MoeParams {
 };
 
 // Prefill tiling (see the top of the file).
-constexpr int kPfMT = 8;                      // 8 groups of 8 tokens per tile
-constexpr int kPfTile = 8 * kPfMT;            // tokens per tile
-constexpr int kPfRB = 4;                      // 16-row blocks per CTA
-constexpr int kPfThreads = 128 * kPfRB;       // 4 K-split warps per row block
-constexpr int kPfPitch = 72;                  // bf16 per staged token row (64 + 8: conflict-free 16-byte reads)
-constexpr int kPfStage = 4 * kPfTile * kPfPitch;  // bf16 per stage: 4 chunks of the tile
-constexpr size_t kPfSmem = size_t(2) * kPfStage * 2;
+constexpr int kPfMT = 8;                          // 8 groups of 8 tokens per tile
+constexpr int kPfTile = 8 * kPfMT;                // tokens per tile
+constexpr int kPfRB = 4;                          // 16-row blocks per CTA
+constexpr int kPfWarps = 4 * kPfRB;               // 4 K-split warps per row block
+constexpr int kPfThreads = 32 * kPfWarps;
+constexpr int kPfPitch = 72;                      // bf16 per staged token row (64 + 8: conflict-free 16-byte reads)
+constexpr int kPfXBytes = 4 * kPfTile * kPfPitch * 2;  // a stage's activations: 4 chunks of the tile
+constexpr int kPfWBytes = kPfWarps * 2 * 512;     // each warp's chunk of up to 2 weight matrices
+constexpr int kPfSBytes = kPfWarps * 2 * 64;      // and their scales
+constexpr int kPfBufBytes = kPfXBytes + kPfWBytes + kPfSBytes;
+constexpr int kPfBufs = 3;                        // stages in flight
+constexpr size_t kPfSmem = size_t(kPfBufs) * kPfBufBytes;
 static_assert(kPfSmem >= size_t(kPfRB) * 4 * kPfTile * 16 * 4, "the reduce area reuses the stage buffers");
+static_assert(kPfBufBytes % 16 == 0 && kPfXBytes % 16 == 0, "16-byte cp.async alignment");
 
 // h of one (token, k) element from the reduced gate and up sums. Not inlined:
 // the decode and prefill kernels run the very same instructions (no
@@ -247,16 +253,21 @@ __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
   }
 }
 
-// 16-byte global -> shared copy; src_bytes 0 fills the 16 bytes with zeros.
+// 16-byte global -> shared copy (L2 only); src_bytes 0 fills the 16 bytes with zeros.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+  const size_t g = __cvta_generic_to_global(src);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(g), "r"(src_bytes) : "memory");
 }
 
 // Prefill gate/up + SwiGLU (kGateUp) or down for one 64-token tile of one
 // expert and kPfRB row blocks. grid (row blocks / kPfRB, max tiles); CTAs
 // past the listed tile count exit. Warp (r, kw): row block r, chunks
 // kw, kw+4, ... (the decode kernels' K split; see the top of the file).
+// Stage s holds chunks 4s .. 4s+3: the tile's activations of all four and
+// each warp's own weight chunk, copied with cp.async kPfBufs - 1 stages
+// ahead, so no weight waits in registers (the gate/up kernel needs its
+// registers for the 64 accumulators).
 template <bool kGateUp>
 __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoeParams p) {
   constexpr int NW = kGateUp ? 2 : 1;
@@ -267,7 +278,6 @@ __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoePar
   const int e = p.tiles[1 + 2 * tile], n0 = p.tiles[2 + 2 * tile];
   const int off = p.offsets[e] + n0, cnt = min(p.offsets[e + 1] - off, kPfTile);
   extern __shared__ __align__(16) unsigned char pf_smem[];
-  __nv_bfloat16* const xs = reinterpret_cast<__nv_bfloat16*>(pf_smem);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int kw = warp & 3, rb = blockIdx.x * kPfRB + (warp >> 2);
   const int ch = kGateUp ? p.ch13 : p.ch2;
@@ -275,24 +285,23 @@ __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoePar
   const uint4* wb[NW];
   const uint16_t* sb[NW];
   if constexpr (kGateUp) {
-    wb[0] = p.w1 + wo + lane;
-    wb[1] = p.w3 + wo + lane;
-    sb[0] = p.s1 + wo + g * 4 + t;
-    sb[1] = p.s3 + wo + g * 4 + t;
+    wb[0] = p.w1 + wo;
+    wb[1] = p.w3 + wo;
+    sb[0] = p.s1 + wo;
+    sb[1] = p.s3 + wo;
   } else {
-    wb[0] = p.w2 + wo + lane;
-    sb[0] = p.s2 + wo + g * 4 + t;
+    wb[0] = p.w2 + wo;
+    sb[0] = p.s2 + wo;
   }
   if ((threadIdx.x & 127) == 0) {  // this row block's weights into L2 at once (as the decode kernels)
-    const uint32_t db = uint32_t(ch * 512), sbytes = uint32_t(ch * 64);
 #pragma unroll
     for (int m = 0; m < NW; ++m) {
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wb[m] - lane), "r"(db) : "memory");
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sb[m] - g * 4 - t), "r"(sbytes) : "memory");
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wb[m]), "r"(uint32_t(ch * 512)) : "memory");
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sb[m]), "r"(uint32_t(ch * 64)) : "memory");
     }
   }
-  // Staging: thread i copies 16 bytes (piece i%8) of token row i/8 of each of
-  // the stage's 4 chunks; absent tokens and chunks past K are zero filled.
+  // Activations: thread i copies 16 bytes (piece i%8) of token row i/8 of
+  // each of the stage's 4 chunks; absent tokens and chunks past K are zeros.
   const int srow = threadIdx.x >> 3, piece = threadIdx.x & 7;
   const bool rvalid = srow < cnt;
   const __nv_bfloat16* src;
@@ -302,66 +311,65 @@ __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoePar
     src = p.h + int64_t(rvalid ? off + srow : 0) * p.inter + 8 * piece;
   const int nst = (ch + 3) / 4;
   auto stage = [&](int s) {
-    __nv_bfloat16* dst = xs + (s & 1) * kPfStage + srow * kPfPitch + 8 * piece;
+    if (s < nst) {
+      unsigned char* const buf = pf_smem + (s % kPfBufs) * kPfBufBytes;
+      __nv_bfloat16* const dst = reinterpret_cast<__nv_bfloat16*>(buf) + srow * kPfPitch + 8 * piece;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int c = 4 * s + q;
-      const bool ok = rvalid && c < ch;
-      cp_async16(dst + q * kPfTile * kPfPitch, ok ? src + int64_t(c) * 64 : src, ok ? 16 : 0);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  };
-  auto load_w = [&](int c, uint4 (&wv)[NW], uint32_t (&sv)[NW]) {
+      for (int q = 0; q < 4; ++q) {
+        const int c = 4 * s + q;
+        const bool ok = rvalid && c < ch;
+        cp_async16(dst + q * kPfTile * kPfPitch, ok ? src + int64_t(c) * 64 : src, ok ? 16 : 0);
+      }
+      // This warp's chunk: lane l's 16 bytes of each matrix, lanes 0..4NW-1 the scales.
+      const int c = 4 * s + kw;
+      const bool cin = c < ch;
 #pragma unroll
-    for (int m = 0; m < NW; ++m) {
-      wv[m] = c < ch ? ld_stream(wb[m] + int64_t(c) * 32) : make_uint4(0, 0, 0, 0);
-      sv[m] = c < ch ? uint32_t(sb[m][int64_t(c) * 32]) : 0u;
+      for (int m = 0; m < NW; ++m)
+        cp_async16(buf + kPfXBytes + (warp * 2 + m) * 512 + lane * 16, wb[m] + (cin ? int64_t(c) * 32 + lane : 0),
+                   cin ? 16 : 0);
+      if (lane < 4 * NW)
+        cp_async16(buf + kPfXBytes + kPfWBytes + (warp * 2 + lane / 4) * 64 + (lane % 4) * 16,
+                   sb[lane / 4] + (cin ? int64_t(c) * 32 + (lane % 4) * 8 : 0), cin ? 16 : 0);
     }
+    asm volatile("cp.async.commit_group;" ::: "memory");  // empty past the end: the wait count stays uniform
   };
   float acc[NW][kPfMT][4] = {};
-  uint4 wv[NW];
-  uint32_t sv[NW];
-  stage(0);
-  load_w(kw, wv, sv);
+#pragma unroll
+  for (int s = 0; s < kPfBufs - 1; ++s) stage(s);
   for (int s = 0; s < nst; ++s) {
-    if (s + 1 < nst) stage(s + 1);
-    else asm volatile("cp.async.commit_group;" ::: "memory");  // keeps the wait below uniform
-    uint4 wn[NW];
-    uint32_t sn[NW];
-    load_w(4 * (s + 1) + kw, wn, sn);  // the next chunk's weights fly while this one computes
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    stage(s + kPfBufs - 1);  // into the buffer computed at s - 1 (released by its closing barrier)
+    asm volatile("cp.async.wait_group %0;" ::"n"(kPfBufs - 1) : "memory");
     __syncthreads();
     if (4 * s + kw < ch) {
       // Per accumulator: mma steps j = 0..3 of this chunk in order, as chunk_mma.
+      const unsigned char* const buf = pf_smem + (s % kPfBufs) * kPfBufBytes;
+      const __nv_bfloat16* const xt =
+          reinterpret_cast<const __nv_bfloat16*>(buf) + (kw * kPfTile + g) * kPfPitch + 16 * t;
+      uint4 wv[NW];
       uint32_t sg[NW], sg8[NW];
 #pragma unroll
-      for (int m = 0; m < NW; ++m) decode_scales(sv[m], sg[m], sg8[m]);
-      const __nv_bfloat16* xt = xs + (s & 1) * kPfStage + kw * kPfTile * kPfPitch + g * kPfPitch + 16 * t;
+      for (int m = 0; m < NW; ++m) {
+        wv[m] = *reinterpret_cast<const uint4*>(buf + kPfXBytes + (warp * 2 + m) * 512 + lane * 16);
+        const uint16_t sv =
+            *reinterpret_cast<const uint16_t*>(buf + kPfXBytes + kPfWBytes + (warp * 2 + m) * 64 + (g * 4 + t) * 2);
+        decode_scales(sv, sg[m], sg8[m]);
+      }
 #pragma unroll
-      for (int jp = 0; jp < 2; ++jp) {
-        uint32_t a[NW][2][4];
+      for (int m = 0; m < NW; ++m)
 #pragma unroll
-        for (int m = 0; m < NW; ++m) {
-          expand_word(jp ? wv[m].z : wv[m].x, sg[m], sg8[m], a[m][0]);
-          expand_word(jp ? wv[m].w : wv[m].y, sg[m], sg8[m], a[m][1]);
-        }
+        for (int jp = 0; jp < 2; ++jp) {
+          uint32_t a0[4], a1[4];
+          expand_word(jp ? wv[m].z : wv[m].x, sg[m], sg8[m], a0);
+          expand_word(jp ? wv[m].w : wv[m].y, sg[m], sg8[m], a1);
 #pragma unroll
-        for (int mt = 0; mt < kPfMT; ++mt) {
-          const uint4 xq = *reinterpret_cast<const uint4*>(xt + 8 * mt * kPfPitch + 8 * jp);
-#pragma unroll
-          for (int m = 0; m < NW; ++m) {
-            mma_16816(acc[m][mt], a[m][0], xq.x, xq.y);
-            mma_16816(acc[m][mt], a[m][1], xq.z, xq.w);
+          for (int mt = 0; mt < kPfMT; ++mt) {
+            const uint4 xq = *reinterpret_cast<const uint4*>(xt + 8 * mt * kPfPitch + 8 * jp);
+            mma_16816(acc[m][mt], a0, xq.x, xq.y);
+            mma_16816(acc[m][mt], a1, xq.z, xq.w);
           }
         }
-      }
     }
-    __syncthreads();  // the buffer computed here is staged again at s + 1
-#pragma unroll
-    for (int m = 0; m < NW; ++m) {
-      wv[m] = wn[m];
-      sv[m] = sn[m];
-    }
+    __syncthreads();  // this buffer is staged again at s + 1
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();
