@@ -254,8 +254,7 @@ __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
 }
 
 // 16-byte global -> shared copy (L2 only); src_bytes 0 fills the 16 bytes with zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+__device__ __forceinline__ void cp_async16(uint32_t d, const void* src, int src_bytes) {
   const size_t g = __cvta_generic_to_global(src);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(g), "r"(src_bytes) : "memory");
 }
@@ -310,26 +309,28 @@ __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoePar
   else
     src = p.h + int64_t(rvalid ? off + srow : 0) * p.inter + 8 * piece;
   const int nst = (ch + 3) / 4;
+  // Shared addresses of this thread's copies in buffer 0 (x row piece, weight lane, scale piece).
+  const uint32_t sm0 = uint32_t(__cvta_generic_to_shared(pf_smem));
+  const uint32_t xdst = sm0 + uint32_t(srow * kPfPitch + 8 * piece) * 2;
+  const uint32_t wdst = sm0 + uint32_t(kPfXBytes + warp * 2 * 512 + lane * 16);
+  const uint32_t sdst = sm0 + uint32_t(kPfXBytes + kPfWBytes + (warp * 2 + lane / 4) * 64 + (lane % 4) * 16);
+  const uint16_t* const ssrc = sb[lane < 4 * NW ? lane / 4 : 0] + (lane % 4) * 8;
   auto stage = [&](int s) {
     if (s < nst) {
-      unsigned char* const buf = pf_smem + (s % kPfBufs) * kPfBufBytes;
-      __nv_bfloat16* const dst = reinterpret_cast<__nv_bfloat16*>(buf) + srow * kPfPitch + 8 * piece;
+      const uint32_t bo = uint32_t((s % kPfBufs) * kPfBufBytes);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int c = 4 * s + q;
         const bool ok = rvalid && c < ch;
-        cp_async16(dst + q * kPfTile * kPfPitch, ok ? src + int64_t(c) * 64 : src, ok ? 16 : 0);
+        cp_async16(xdst + bo + q * kPfTile * kPfPitch * 2, ok ? src + int64_t(c) * 64 : src, ok ? 16 : 0);
       }
       // This warp's chunk: lane l's 16 bytes of each matrix, lanes 0..4NW-1 the scales.
       const int c = 4 * s + kw;
       const bool cin = c < ch;
 #pragma unroll
       for (int m = 0; m < NW; ++m)
-        cp_async16(buf + kPfXBytes + (warp * 2 + m) * 512 + lane * 16, wb[m] + (cin ? int64_t(c) * 32 + lane : 0),
-                   cin ? 16 : 0);
-      if (lane < 4 * NW)
-        cp_async16(buf + kPfXBytes + kPfWBytes + (warp * 2 + lane / 4) * 64 + (lane % 4) * 16,
-                   sb[lane / 4] + (cin ? int64_t(c) * 32 + (lane % 4) * 8 : 0), cin ? 16 : 0);
+        cp_async16(wdst + bo + m * 512, wb[m] + (cin ? int64_t(c) * 32 + lane : 0), cin ? 16 : 0);
+      if (lane < 4 * NW) cp_async16(sdst + bo, ssrc + (cin ? int64_t(c) * 32 : 0), cin ? 16 : 0);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");  // empty past the end: the wait count stays uniform
   };
