@@ -76,12 +76,12 @@ struct MoeParams {
 // Prefill tiling (see the top of the file).
 constexpr int kPfMT = 8;                          // 8 groups of 8 tokens per tile
 constexpr int kPfTile = 8 * kPfMT;                // tokens per tile
-constexpr int kPfRB = 4;                          // 16-row blocks per CTA
-constexpr int kPfWarps = 4 * kPfRB;               // 4 K-split warps per row block
+constexpr int kPfRB = 4;                          // warp groups per CTA (one or two 16-row blocks each)
+constexpr int kPfWarps = 4 * kPfRB;               // 4 K-split warps per group
 constexpr int kPfThreads = 32 * kPfWarps;
 constexpr int kPfPitch = 72;                      // bf16 per staged token row (64 + 8: conflict-free 16-byte reads)
 constexpr int kPfXBytes = 4 * kPfTile * kPfPitch * 2;  // a stage's activations: 4 chunks of the tile
-constexpr int kPfWBytes = kPfWarps * 2 * 512;     // each warp's chunk of up to 2 weight matrices
+constexpr int kPfWBytes = kPfWarps * 2 * 512;     // each warp's chunk of its 2 weight fragments
 constexpr int kPfSBytes = kPfWarps * 2 * 64;      // and their scales
 constexpr int kPfBufBytes = kPfXBytes + kPfWBytes + kPfSBytes;
 constexpr int kPfBufs = 3;                        // stages in flight
@@ -260,16 +260,19 @@ __device__ __forceinline__ void cp_async16(uint32_t d, const void* src, int src_
 }
 
 // Prefill gate/up + SwiGLU (kGateUp) or down for one 64-token tile of one
-// expert and kPfRB row blocks. grid (row blocks / kPfRB, max tiles); CTAs
-// past the listed tile count exit. Warp (r, kw): row block r, chunks
-// kw, kw+4, ... (the decode kernels' K split; see the top of the file).
+// expert. Each warp multiplies two weight fragments (A) by every token
+// fragment (B) it reads from shared memory: gate/up the gate and up rows of
+// one row block, down two row blocks of w2 (two mma per 16-byte activation
+// read either way; one would make shared memory the bottleneck). Warp
+// (r, kw) walks chunks kw, kw+4, ... (the decode kernels' K split; see the
+// top of the file); a CTA covers kPfRB row blocks (gate/up) or 2*kPfRB
+// (down). grid (row-block groups, max tiles); CTAs past the tile count exit.
 // Stage s holds chunks 4s .. 4s+3: the tile's activations of all four and
-// each warp's own weight chunk, copied with cp.async kPfBufs - 1 stages
-// ahead, so no weight waits in registers (the gate/up kernel needs its
-// registers for the 64 accumulators).
+// each warp's own weight chunks, copied with cp.async kPfBufs - 1 stages
+// ahead (no weights wait in registers: they hold the 64 accumulators).
 template <bool kGateUp>
 __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoeParams p) {
-  constexpr int NW = kGateUp ? 2 : 1;
+  constexpr int NA = 2;  // weight fragments per warp
   using namespace sm90;
   dev::pdl_wait_and_release();
   const int tile = blockIdx.y;
@@ -278,26 +281,36 @@ __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoePar
   const int off = p.offsets[e] + n0, cnt = min(p.offsets[e + 1] - off, kPfTile);
   extern __shared__ __align__(16) unsigned char pf_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int kw = warp & 3, rb = blockIdx.x * kPfRB + (warp >> 2);
+  const int kw = warp & 3, r = warp >> 2;
   const int ch = kGateUp ? p.ch13 : p.ch2;
-  const int64_t wo = int64_t(e) * (kGateUp ? p.stride13 : p.stride2) + int64_t(rb) * ch * 32;
-  const uint4* wb[NW];
-  const uint16_t* sb[NW];
+  const int nrb = (kGateUp ? p.inter : p.hidden) / 16;
+  // Row block of fragment a; a fragment past the last row block reads zeros and writes nothing.
+  int rb[NA];
+  const uint4* wb[NA];
+  const uint16_t* sb[NA];
   if constexpr (kGateUp) {
+    rb[0] = rb[1] = blockIdx.x * kPfRB + r;
+    const int64_t wo = int64_t(e) * p.stride13 + int64_t(rb[0]) * ch * 32;
     wb[0] = p.w1 + wo;
     wb[1] = p.w3 + wo;
     sb[0] = p.s1 + wo;
     sb[1] = p.s3 + wo;
   } else {
-    wb[0] = p.w2 + wo;
-    sb[0] = p.s2 + wo;
-  }
-  if ((threadIdx.x & 127) == 0) {  // this row block's weights into L2 at once (as the decode kernels)
 #pragma unroll
-    for (int m = 0; m < NW; ++m) {
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wb[m]), "r"(uint32_t(ch * 512)) : "memory");
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sb[m]), "r"(uint32_t(ch * 64)) : "memory");
+    for (int a = 0; a < NA; ++a) {
+      rb[a] = (blockIdx.x * kPfRB + r) * NA + a;
+      const int64_t wo = int64_t(e) * p.stride2 + int64_t(min(rb[a], nrb - 1)) * ch * 32;
+      wb[a] = p.w2 + wo;
+      sb[a] = p.s2 + wo;
     }
+  }
+  if ((threadIdx.x & 127) == 0) {  // this warp group's weights into L2 at once (as the decode kernels)
+#pragma unroll
+    for (int a = 0; a < NA; ++a)
+      if (rb[a] < nrb) {
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wb[a]), "r"(uint32_t(ch * 512)) : "memory");
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sb[a]), "r"(uint32_t(ch * 64)) : "memory");
+      }
   }
   // Activations: thread i copies 16 bytes (piece i%8) of token row i/8 of
   // each of the stage's 4 chunks; absent tokens and chunks past K are zeros.
@@ -309,12 +322,15 @@ __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoePar
   else
     src = p.h + int64_t(rvalid ? off + srow : 0) * p.inter + 8 * piece;
   const int nst = (ch + 3) / 4;
-  // Shared addresses of this thread's copies in buffer 0 (x row piece, weight lane, scale piece).
+  // Shared addresses of this thread's copies in buffer 0: x row piece, weight
+  // lane, and (lanes 0..4NA-1) a quarter of a fragment's 64 scale bytes.
   const uint32_t sm0 = uint32_t(__cvta_generic_to_shared(pf_smem));
   const uint32_t xdst = sm0 + uint32_t(srow * kPfPitch + 8 * piece) * 2;
-  const uint32_t wdst = sm0 + uint32_t(kPfXBytes + warp * 2 * 512 + lane * 16);
-  const uint32_t sdst = sm0 + uint32_t(kPfXBytes + kPfWBytes + (warp * 2 + lane / 4) * 64 + (lane % 4) * 16);
-  const uint16_t* const ssrc = sb[lane < 4 * NW ? lane / 4 : 0] + (lane % 4) * 8;
+  const uint32_t wdst = sm0 + uint32_t(kPfXBytes + warp * NA * 512 + lane * 16);
+  const int sa = lane < 4 * NA ? lane / 4 : 0;
+  const uint32_t sdst = sm0 + uint32_t(kPfXBytes + kPfWBytes + (warp * NA + sa) * 64 + (lane % 4) * 16);
+  const uint16_t* const ssrc = (sa ? sb[1] : sb[0]) + (lane % 4) * 8;  // selects: no local-memory array
+  const bool sok = lane < 4 * NA && (sa ? rb[1] : rb[0]) < nrb;
   auto stage = [&](int s) {
     if (s < nst) {
       const uint32_t bo = uint32_t((s % kPfBufs) * kPfBufBytes);
@@ -324,17 +340,18 @@ __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoePar
         const bool ok = rvalid && c < ch;
         cp_async16(xdst + bo + q * kPfTile * kPfPitch * 2, ok ? src + int64_t(c) * 64 : src, ok ? 16 : 0);
       }
-      // This warp's chunk: lane l's 16 bytes of each matrix, lanes 0..4NW-1 the scales.
       const int c = 4 * s + kw;
       const bool cin = c < ch;
 #pragma unroll
-      for (int m = 0; m < NW; ++m)
-        cp_async16(wdst + bo + m * 512, wb[m] + (cin ? int64_t(c) * 32 + lane : 0), cin ? 16 : 0);
-      if (lane < 4 * NW) cp_async16(sdst + bo, ssrc + (cin ? int64_t(c) * 32 : 0), cin ? 16 : 0);
+      for (int a = 0; a < NA; ++a) {
+        const bool ok = cin && rb[a] < nrb;
+        cp_async16(wdst + bo + a * 512, wb[a] + (ok ? int64_t(c) * 32 + lane : 0), ok ? 16 : 0);
+      }
+      if (lane < 4 * NA) cp_async16(sdst + bo, ssrc + (cin && sok ? int64_t(c) * 32 : 0), cin && sok ? 16 : 0);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");  // empty past the end: the wait count stays uniform
   };
-  float acc[NW][kPfMT][4] = {};
+  float acc[NA][kPfMT][4] = {};
 #pragma unroll
   for (int s = 0; s < kPfBufs - 1; ++s) stage(s);
   for (int s = 0; s < nst; ++s) {
@@ -346,48 +363,51 @@ __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoePar
       const unsigned char* const buf = pf_smem + (s % kPfBufs) * kPfBufBytes;
       const __nv_bfloat16* const xt =
           reinterpret_cast<const __nv_bfloat16*>(buf) + (kw * kPfTile + g) * kPfPitch + 16 * t;
-      uint4 wv[NW];
-      uint32_t sg[NW], sg8[NW];
+      uint4 wv[NA];
+      uint32_t sg[NA], sg8[NA];
 #pragma unroll
-      for (int m = 0; m < NW; ++m) {
-        wv[m] = *reinterpret_cast<const uint4*>(buf + kPfXBytes + (warp * 2 + m) * 512 + lane * 16);
+      for (int a = 0; a < NA; ++a) {
+        wv[a] = *reinterpret_cast<const uint4*>(buf + kPfXBytes + (warp * NA + a) * 512 + lane * 16);
         const uint16_t sv =
-            *reinterpret_cast<const uint16_t*>(buf + kPfXBytes + kPfWBytes + (warp * 2 + m) * 64 + (g * 4 + t) * 2);
-        decode_scales(sv, sg[m], sg8[m]);
+            *reinterpret_cast<const uint16_t*>(buf + kPfXBytes + kPfWBytes + (warp * NA + a) * 64 + (g * 4 + t) * 2);
+        decode_scales(sv, sg[a], sg8[a]);
       }
 #pragma unroll
-      for (int m = 0; m < NW; ++m)
+      for (int jp = 0; jp < 2; ++jp) {
+        uint32_t af[NA][2][4];
 #pragma unroll
-        for (int jp = 0; jp < 2; ++jp) {
-          uint32_t a0[4], a1[4];
-          expand_word(jp ? wv[m].z : wv[m].x, sg[m], sg8[m], a0);
-          expand_word(jp ? wv[m].w : wv[m].y, sg[m], sg8[m], a1);
+        for (int a = 0; a < NA; ++a) {
+          expand_word(jp ? wv[a].z : wv[a].x, sg[a], sg8[a], af[a][0]);
+          expand_word(jp ? wv[a].w : wv[a].y, sg[a], sg8[a], af[a][1]);
+        }
 #pragma unroll
-          for (int mt = 0; mt < kPfMT; ++mt) {
-            const uint4 xq = *reinterpret_cast<const uint4*>(xt + 8 * mt * kPfPitch + 8 * jp);
-            mma_16816(acc[m][mt], a0, xq.x, xq.y);
-            mma_16816(acc[m][mt], a1, xq.z, xq.w);
+        for (int mt = 0; mt < kPfMT; ++mt) {
+          const uint4 xq = *reinterpret_cast<const uint4*>(xt + 8 * mt * kPfPitch + 8 * jp);
+#pragma unroll
+          for (int a = 0; a < NA; ++a) {
+            mma_16816(acc[a][mt], af[a][0], xq.x, xq.y);
+            mma_16816(acc[a][mt], af[a][1], xq.z, xq.w);
           }
         }
+      }
     }
     __syncthreads();  // this buffer is staged again at s + 1
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();
-  float* const red = reinterpret_cast<float*>(pf_smem) + (warp >> 2) * 4 * kPfTile * 16;
-  const int tid = threadIdx.x & 127, row = rb * 16 + tid % 16;
-  float v0[kPfMT];
+  float* const red = reinterpret_cast<float*>(pf_smem) + r * 4 * kPfTile * 16;
+  const int tid = threadIdx.x & 127;
+  float v0[kPfMT], v1[kPfMT];
   reduce_warps_group<kPfMT>(acc[0], red, kw, tid, v0);
+  reduce_warps_group<kPfMT>(acc[1], red, kw, tid, v1);
   if constexpr (kGateUp) {
-    float v1[kPfMT];
-    reduce_warps_group<kPfMT>(acc[NW - 1], red, kw, tid, v1);
     const float sc_g = kEpilogueFactor * p.scale2[e * 3], sc_u = kEpilogueFactor * p.scale2[e * 3 + 1];
 #pragma unroll
     for (int q = 0; q < kPfMT; ++q) {
       const int n = (tid + 128 * q) / 16;
       if (n < cnt) {
         const float hv = swiglu_h(v0[q], v1[q], sc_g, sc_u, p.limit, p.sorted_w[off + n]);
-        p.h[int64_t(off + n) * p.inter + row] = __float2bfloat16_rn(hv);
+        p.h[int64_t(off + n) * p.inter + rb[0] * 16 + tid % 16] = __float2bfloat16_rn(hv);
       }
     }
   } else {
@@ -395,7 +415,11 @@ __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoePar
 #pragma unroll
     for (int q = 0; q < kPfMT; ++q) {
       const int n = (tid + 128 * q) / 16;
-      if (n < cnt) p.yk[int64_t(p.sorted_tok[off + n]) * p.hidden + row] = v0[q] * sc;
+      if (n < cnt) {
+        float* const yrow = p.yk + int64_t(p.sorted_tok[off + n]) * p.hidden + tid % 16;
+        if (rb[0] < nrb) yrow[rb[0] * 16] = v0[q] * sc;
+        if (rb[1] < nrb) yrow[rb[1] * 16] = v1[q] * sc;
+      }
     }
   }
 }
@@ -541,8 +565,9 @@ void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16
     const unsigned tiles = unsigned(slots / kPfTile + std::min<int64_t>(slots, e.count));
     launch_kernel(ctx, moe_prefill_kernel<true>, dim3(unsigned(e.inter / 16 / kPfRB), tiles), dim3(kPfThreads),
                   kPfSmem, "moe_prefill_gate_up_kernel", p);
-    launch_kernel(ctx, moe_prefill_kernel<false>, dim3(unsigned(e.hidden / 16 / kPfRB), tiles), dim3(kPfThreads),
-                  kPfSmem, "moe_prefill_down_kernel", p);
+    const unsigned down_groups = unsigned((e.hidden / 16 + 2 * kPfRB - 1) / (2 * kPfRB));  // 2 row blocks per warp
+    launch_kernel(ctx, moe_prefill_kernel<false>, dim3(down_groups, tiles), dim3(kPfThreads), kPfSmem,
+                  "moe_prefill_down_kernel", p);
   } else {
     const unsigned max_active = unsigned(std::min<int64_t>(slots, e.count));
     const dim3 g1(unsigned(e.inter / 16), max_active), g2(unsigned(e.hidden / 16), max_active);
