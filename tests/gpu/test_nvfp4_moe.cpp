@@ -194,9 +194,7 @@ void check_prefill(cuda::Context& ctx, const Experts& ex, const cuda::DeviceExpe
   const std::vector<float> dec = run_moe(ctx, dex, s, in, 0, in.T, cuda::MoePath::decode);
   EXPECT_EQ(bit_diffs(pf, dec), 0u) << "prefill and decode kernels differ";
   EXPECT_EQ(bit_diffs(pf, run_moe(ctx, dex, s, in, 0, in.T, cuda::MoePath::prefill)), 0u) << "second run differs";
-  if (in.T >= cuda::kMoePrefillMinTokens) {
-    EXPECT_EQ(bit_diffs(pf, run_moe(ctx, dex, s, in, 0, in.T, cuda::MoePath::automatic)), 0u);
-  }
+  EXPECT_EQ(bit_diffs(pf, run_moe(ctx, dex, s, in, 0, in.T, cuda::MoePath::automatic)), 0u) << "automatic path";
   if (expect_zero) {
     for (float v : pf) ASSERT_EQ(v, 0.0f);
     return;

@@ -47,8 +47,13 @@ struct MoeScratch {
   MoeScratch(const DeviceExperts& e, int max_tokens, int topk);
 };
 
-// Steps of at least this many tokens take the prefill kernels.
-inline constexpr int kMoePrefillMinTokens = 64;
+// Steps of at least this many tokens take the prefill kernels. A speed choice
+// only (both paths give the same bits). The prefill kernels cost about one
+// 64-token tile of mma per routed expert whatever its token count, the decode
+// kernels about one weight read per 16 tokens: for V4-Flash (256 experts,
+// top-6) the estimate puts the crossover near 512 tokens (12 per expert);
+// `clawmine bench kernels --only moe` times both paths to tune it.
+inline constexpr int kMoePrefillMinTokens = 512;
 
 // Which kernels run: automatic picks by T (above); tests force one path to
 // compare the two bit for bit.
