@@ -16,7 +16,7 @@ san() {  # san NAME TOOL FILTER
   echo "rc=$?" >>"$O/$1.log"
 }
 san memcheck memcheck "${MEMCHECK_FILTER:-*}" &
-for g in 'GpuNvfp4Linear.*' 'GpuFp8Linear.*:GpuMxfp4Linear.*' 'GpuNvfp4Moe.*:GpuMxfp4Moe.*' 'GpuOps.*' \
+for g in 'GpuNvfp4Linear.*' 'GpuFp8Linear.*:GpuMxfp4Linear.*' 'GpuNvfp4Moe.*:GpuNvfp4MoePrefill.Small*:GpuMxfp4Moe.*' 'GpuOps.*' \
   '*Seam*:GpuContext.*:NcclComm.*:CudaGraphs.*:CudaStats.*:CudaMemory.*:BenchModelGpu.*'; do
   name="racecheck_$(echo "$g" | tr -c 'A-Za-z0-9\n' '_' | cut -c1-40)"
   san "$name" racecheck "$g" &

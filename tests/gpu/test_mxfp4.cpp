@@ -93,7 +93,8 @@ gputest::Experts make_mxfp4_experts(int count, int64_t hidden, int64_t inter, ui
 }
 
 // T tokens per entry of ts, ids drawn uniformly from [first - 2, first + count + 2):
-// some land outside the local range and must contribute nothing.
+// some land outside the local range and must contribute nothing. Each step runs
+// on the automatic path and on the prefill kernels.
 void run_moe(int64_t hidden, int64_t inter, int count, int first, int topk, float limit, std::initializer_list<int> ts,
              uint64_t seed) {
   cuda::Context ctx;
@@ -105,12 +106,15 @@ void run_moe(int64_t hidden, int64_t inter, int count, int first, int topk, floa
     std::vector<int32_t> ids(size_t(T * topk));
     for (auto& id : ids) id = int32_t(first - 2 + int(r.next() % uint64_t(count + 4)));
     gputest::check_moe(ctx, ex, dex, hidden, inter, T, topk, ids, seed * 10 + uint64_t(T));
+    // the prefill kernels on the same step (the repacked MXFP4 takes them too)
+    gputest::check_moe(ctx, ex, dex, hidden, inter, T, topk, ids, seed * 10 + uint64_t(T), false, false,
+                       cuda::MoePath::prefill);
   }
 }
 
 TEST(GpuMxfp4Moe, SmallShapes) {
   CM_SKIP_WITHOUT_GPU();
-  run_moe(256, 128, 8, 4, 3, 1.0f, {1, 2, 5, 17, 40}, 31);
+  run_moe(256, 128, 8, 4, 3, 1.0f, {1, 2, 5, 17, 40, 100}, 31);
 }
 
 TEST(GpuMxfp4Moe, FlashExpertShape) {

@@ -258,24 +258,30 @@ void bench_moe(Context& ctx, const KernelBenchOptions& opt, double copy_gbs, Ker
       wts.emplace_back(hw.size() * 4);
       wts.back().upload(hw.data(), hw.size() * 4);
     }
-    KernelBenchRow r;
-    r.kind = "moe";
-    r.name = "moe 6 of 256, 4096/2048";
-    r.path = "route + gate/up + down";
-    r.M = T;
-    r.N = hidden;
-    r.K = inter;
-    r.experts_touched = int64_t(touched + 0.5);
-    r.us = time_calls(
-        ctx,
-        [&](int i) {
-          moe_nvfp4(ctx, ex, scratch, x.as<const uint16_t>(), T, ids[size_t(i)].as<const int32_t>(),
-                    wts[size_t(i)].as<const float>(), y.as<float>());
-        },
-        copies, opt.repeats);
-    set_rates(r, touched * double(ex.expert_bytes()) + double(T) * hidden * (2 + 4),
-              2.0 * 3 * double(T) * topk * double(hidden * inter), copy_gbs);
-    res.rows.push_back(r);
+    // Both kernel families at every T (the threshold kMoePrefillMinTokens is a
+    // speed choice only: they give the same bits), marked with the one moe_nvfp4 picks.
+    for (MoePath path : {MoePath::decode, MoePath::prefill}) {
+      const bool picked = (path == MoePath::prefill) == (T >= kMoePrefillMinTokens);
+      KernelBenchRow r;
+      r.kind = "moe";
+      r.name = "moe 6 of 256, 4096/2048";
+      r.path = std::string(path == MoePath::prefill ? "route + prefill gate/up + down" : "route + gate/up + down") +
+               (picked ? " [picked]" : "");
+      r.M = T;
+      r.N = hidden;
+      r.K = inter;
+      r.experts_touched = int64_t(touched + 0.5);
+      r.us = time_calls(
+          ctx,
+          [&](int i) {
+            moe_nvfp4(ctx, ex, scratch, x.as<const uint16_t>(), T, ids[size_t(i)].as<const int32_t>(),
+                      wts[size_t(i)].as<const float>(), y.as<float>(), path);
+          },
+          copies, opt.repeats);
+      set_rates(r, touched * double(ex.expert_bytes()) + double(T) * hidden * (2 + 4),
+                2.0 * 3 * double(T) * topk * double(hidden * inter), copy_gbs);
+      res.rows.push_back(r);
+    }
   }
 }
 

@@ -9,6 +9,11 @@
 // combine kernel sums each token's top-k rows in k order (no float atomics:
 // the same inputs give the same bits).
 // Experts [first, first+count) live on this device; ids outside contribute nothing.
+// Prefill (T >= kMoePrefillMinTokens) swaps the gate/up and down kernels for
+// tiled ones that read each expert's weights once per 64 routed tokens
+// instead of once per 16; they compute every output element with the same
+// operation sequence as the decode kernels, so a token's bits do not depend
+// on the path or on the batch (see sm90_nvfp4_moe.cu).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -34,16 +39,29 @@ DeviceExperts upload_experts(const std::vector<const LinearWeight*>& gate, const
 DeviceExperts random_experts(int64_t hidden, int64_t inter, int first, int count, uint64_t seed);
 
 // Device scratch for up to max_tokens tokens with top-k routing
-// (max_tokens·topk·(2·inter + 4·hidden + 8) bytes and the expert lists).
+// (max_tokens·topk·(2·inter + 4·hidden + 8) bytes, the expert lists and the
+// prefill tile list: at most max_tiles (expert, first row) pairs).
 struct MoeScratch {
-  int max_tokens = 0, topk = 0;
-  DeviceBuffer offsets, active, sorted_tok, sorted_w, h, yk;
+  int max_tokens = 0, topk = 0, max_tiles = 0;
+  DeviceBuffer offsets, active, sorted_tok, sorted_w, h, yk, tiles;
   MoeScratch(const DeviceExperts& e, int max_tokens, int topk);
 };
+
+// Steps of at least this many tokens take the prefill kernels. A speed choice
+// only (both paths give the same bits). The prefill kernels cost about one
+// 64-token tile of mma per routed expert whatever its token count, the decode
+// kernels about one weight read per 16 tokens: for V4-Flash (256 experts,
+// top-6) the estimate puts the crossover near 512 tokens (12 per expert);
+// `clawmine bench kernels --only moe` times both paths to tune it.
+inline constexpr int kMoePrefillMinTokens = 512;
+
+// Which kernels run: automatic picks by T (above); tests force one path to
+// compare the two bit for bit.
+enum class MoePath { automatic, decode, prefill };
 
 // x: bf16 [T, hidden]; ids: int32 [T, topk] global expert ids; weights: f32 [T, topk];
 // y: f32 [T, hidden] (overwritten). All device pointers.
 void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16_t* x, int T, const int32_t* ids,
-               const float* weights, float* y);
+               const float* weights, float* y, MoePath path = MoePath::automatic);
 
 }  // namespace cm::cuda

@@ -17,6 +17,8 @@ void setup_nvfp4_decode_kernels(KernelSetup& s);
 void setup_fp8_decode_kernels(KernelSetup& s);
 // Raises the dynamic shared-memory limit of the wgmma prefill kernels (sm90_nvfp4_wgmma.cu).
 void setup_wgmma_kernels();
+// Raises the dynamic shared-memory limit of the MoE prefill kernels (sm90_nvfp4_moe.cu).
+void setup_moe_kernels();
 }  // namespace cuda
 
 }  // namespace cm

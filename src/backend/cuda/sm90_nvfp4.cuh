@@ -177,9 +177,15 @@ __device__ __forceinline__ void warp_kloop(const uint4* const (&wb)[NW], const u
 // Sums the 4 warps' accumulators of a 16-row x 8*MT-token tile. red must
 // hold 4 * 8*MT * 16 floats. Thread i ends with values v = i + 128*q
 // (token v/16, row v%16) in vals[q]. Ends with a __syncthreads so red can be reused.
+// The group form serves a CTA of several such 4-warp groups (warp: the warp's
+// index in its group, tid: the thread's index in its group, red: the group's
+// area); every thread of the CTA must call it. Both forms add the four
+// partial sums in the same order, (w0 + w1) + (w2 + w3): the MoE decode and
+// prefill kernels rely on it for bit-identical results.
 template <int MT>
-__device__ __forceinline__ void reduce_warps(const float (&acc)[MT][4], float* red, float (&vals)[MT]) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+__device__ __forceinline__ void reduce_warps_group(const float (&acc)[MT][4], float* red, int warp, int tid,
+                                                   float (&vals)[MT]) {
+  const int lane = tid & 31, g = lane >> 2, t = lane & 3;
   constexpr int TS = 8 * MT * 16;  // floats per warp
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -192,10 +198,15 @@ __device__ __forceinline__ void reduce_warps(const float (&acc)[MT][4], float* r
   __syncthreads();
 #pragma unroll
   for (int q = 0; q < MT; ++q) {
-    const int v = threadIdx.x + 128 * q;
+    const int v = tid + 128 * q;
     vals[q] = (red[v] + red[TS + v]) + (red[2 * TS + v] + red[3 * TS + v]);
   }
   __syncthreads();
+}
+
+template <int MT>
+__device__ __forceinline__ void reduce_warps(const float (&acc)[MT][4], float* red, float (&vals)[MT]) {
+  reduce_warps_group<MT>(acc, red, int(threadIdx.x >> 5), int(threadIdx.x), vals);
 }
 
 }  // namespace cm::cuda::sm90

@@ -1,4 +1,4 @@
-// Grouped NVFP4 MoE decode kernels (see cuda_moe.h).
+// Grouped NVFP4 MoE kernels, decode and prefill (see cuda_moe.h).
 //
 // route:   one CTA counts tokens per local expert, scans the counts into
 //          offsets and a compact list of active experts, and lists the
@@ -18,12 +18,32 @@
 //          order: the same step gives the same bits.
 // Token groups of 16 per pass; an expert with more tokens loops (weights are
 // then re-read from L2).
+//
+// prefill: at 2048+ tokens every expert holds tens of tokens and the decode
+//          kernels re-read (and re-expand) each weight chunk once per 16
+//          tokens. The prefill kernels take a 64-token tile of one expert
+//          (the route kernel lists the tiles) and 4 row blocks per CTA (16
+//          warps). Four K chunks of the tile's activations and each warp's
+//          weight chunk are staged in shared memory by cp.async, three stages
+//          in flight, so each weight word is loaded and expanded once per 64
+//          tokens and each activation read from L2 once per 64 rows.
+//          Bit identity with the decode kernels (the engine needs a token's
+//          logits not to depend on how the prompt was chunked): warp kw of a
+//          row block walks the chunks kw, kw+4, ... in increasing order with
+//          the same 4 mma steps per chunk on the same A fragments, exactly the
+//          K split of the decode kernels' warps, and the four partial sums
+//          meet in reduce_warps_group's fixed order; the epilogue math is one
+//          non-inlined function both paths call. An mma output element
+//          depends only on its own row of A and column of B (the decode
+//          kernels already rely on this: a token's column changes with the
+//          batch), so a token gets the same bits from either path.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/kernel_setup.h"
 #include "backend/cuda/nvfp4_pack.h"
 #include "backend/cuda/ops_device.cuh"
 #include "backend/cuda/sm90_nvfp4.cuh"
@@ -50,7 +70,33 @@ struct MoeParams {
   __nv_bfloat16* h;  // [T*topk, inter]
   float* yk;         // [T*topk, hidden]: one row per (token, k)
   float* y;          // [T, hidden]
+  int* tiles;        // prefill: [0] = tile count, then (expert, first row in its list) pairs; null: not listed
 };
+
+// Prefill tiling (see the top of the file).
+constexpr int kPfMT = 8;                          // 8 groups of 8 tokens per tile
+constexpr int kPfTile = 8 * kPfMT;                // tokens per tile
+constexpr int kPfRB = 4;                          // warp groups per CTA (one or two 16-row blocks each)
+constexpr int kPfWarps = 4 * kPfRB;               // 4 K-split warps per group
+constexpr int kPfThreads = 32 * kPfWarps;
+constexpr int kPfPitch = 72;                      // bf16 per staged token row (64 + 8: conflict-free 16-byte reads)
+constexpr int kPfXBytes = 4 * kPfTile * kPfPitch * 2;  // a stage's activations: 4 chunks of the tile
+constexpr int kPfWBytes = kPfWarps * 2 * 512;     // each warp's chunk of its 2 weight fragments
+constexpr int kPfSBytes = kPfWarps * 2 * 64;      // and their scales
+constexpr int kPfBufBytes = kPfXBytes + kPfWBytes + kPfSBytes;
+constexpr int kPfBufs = 3;                        // stages in flight
+constexpr size_t kPfSmem = size_t(kPfBufs) * kPfBufBytes;
+static_assert(kPfSmem >= size_t(kPfRB) * 4 * kPfTile * 16 * 4, "the reduce area reuses the stage buffers");
+static_assert(kPfBufBytes % 16 == 0 && kPfXBytes % 16 == 0, "16-byte cp.async alignment");
+
+// h of one (token, k) element from the reduced gate and up sums. Not inlined:
+// the decode and prefill kernels run the very same instructions (no
+// contraction or reordering that could differ between the two call sites).
+__device__ __noinline__ float swiglu_h(float gsum, float usum, float sc_g, float sc_u, float limit, float w) {
+  const float gg = fminf(gsum * sc_g, limit);
+  const float uu = fminf(fmaxf(usum * sc_u, -limit), limit);
+  return gg / (1.0f + expf(-gg)) * uu * w;
+}
 
 __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeParams p) {
   // PDL: wait for the kernel that produced ids/weights (and for the previous
@@ -82,6 +128,16 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeParams p) {
     p.offsets[p.count + 1] = nact;
   }
   __syncthreads();
+  if (p.tiles != nullptr) {  // prefill: this expert's 64-token tiles, expert-major
+    const int nt = (c + kPfTile - 1) / kPfTile;
+    int ntiles = 0;
+    const int toff = dev::block_excl_scan(nt, tmp, ntiles);
+    for (int j = 0; j < nt; ++j) {
+      p.tiles[1 + 2 * (toff + j)] = e;
+      p.tiles[2 + 2 * (toff + j)] = j * kPfTile;
+    }
+    if (threadIdx.x == 0) p.tiles[0] = ntiles;
+  }
   if (e < p.count && c > 0) {  // this expert's slots in (token, k) order
     int pos = off;
     for (int i = 0; i < n; ++i)
@@ -139,9 +195,7 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(const MoeParams p) {
       const int v = threadIdx.x + 128 * q;
       const int n = g0 + v / 16;
       if (n < cnt) {
-        const float gg = fminf(gv[q] * sc_g, p.limit);
-        const float uu = fminf(fmaxf(uv[q] * sc_u, -p.limit), p.limit);
-        const float hv = gg / (1.0f + expf(-gg)) * uu * p.sorted_w[off + n];
+        const float hv = swiglu_h(gv[q], uv[q], sc_g, sc_u, p.limit, p.sorted_w[off + n]);
         p.h[int64_t(off + n) * p.inter + rb * 16 + v % 16] = __float2bfloat16_rn(hv);
       }
     }
@@ -195,6 +249,177 @@ __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
       const int v = threadIdx.x + 128 * q;
       const int n = g0 + v / 16;
       if (n < cnt) p.yk[int64_t(p.sorted_tok[off + n]) * p.hidden + rb * 16 + v % 16] = vals[q] * sc;
+    }
+  }
+}
+
+// 16-byte global -> shared copy (L2 only); src_bytes 0 fills the 16 bytes with zeros.
+__device__ __forceinline__ void cp_async16(uint32_t d, const void* src, int src_bytes) {
+  const size_t g = __cvta_generic_to_global(src);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(g), "r"(src_bytes) : "memory");
+}
+
+// Prefill gate/up + SwiGLU (kGateUp) or down for one 64-token tile of one
+// expert. Each warp multiplies two weight fragments (A) by every token
+// fragment (B) it reads from shared memory: gate/up the gate and up rows of
+// one row block, down two row blocks of w2 (two mma per 16-byte activation
+// read either way; one would make shared memory the bottleneck). Warp
+// (r, kw) walks chunks kw, kw+4, ... (the decode kernels' K split; see the
+// top of the file); a CTA covers kPfRB row blocks (gate/up) or 2*kPfRB
+// (down). grid (row-block groups, max tiles); CTAs past the tile count exit.
+// Stage s holds chunks 4s .. 4s+3: the tile's activations of all four and
+// each warp's own weight chunks, copied with cp.async kPfBufs - 1 stages
+// ahead (no weights wait in registers: they hold the 64 accumulators).
+template <bool kGateUp>
+__global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoeParams p) {
+  constexpr int NA = 2;  // weight fragments per warp
+  using namespace sm90;
+  dev::pdl_wait_and_release();
+  const int tile = blockIdx.y;
+  if (tile >= p.tiles[0]) return;
+  const int e = p.tiles[1 + 2 * tile], n0 = p.tiles[2 + 2 * tile];
+  const int off = p.offsets[e] + n0, cnt = min(p.offsets[e + 1] - off, kPfTile);
+  extern __shared__ __align__(16) unsigned char pf_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int kw = warp & 3, r = warp >> 2;
+  const int ch = kGateUp ? p.ch13 : p.ch2;
+  const int nrb = (kGateUp ? p.inter : p.hidden) / 16;
+  // Row block of fragment a; a fragment past the last row block reads zeros and writes nothing.
+  int rb[NA];
+  const uint4* wb[NA];
+  const uint16_t* sb[NA];
+  if constexpr (kGateUp) {
+    rb[0] = rb[1] = blockIdx.x * kPfRB + r;
+    const int64_t wo = int64_t(e) * p.stride13 + int64_t(rb[0]) * ch * 32;
+    wb[0] = p.w1 + wo;
+    wb[1] = p.w3 + wo;
+    sb[0] = p.s1 + wo;
+    sb[1] = p.s3 + wo;
+  } else {
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      rb[a] = (blockIdx.x * kPfRB + r) * NA + a;
+      const int64_t wo = int64_t(e) * p.stride2 + int64_t(min(rb[a], nrb - 1)) * ch * 32;
+      wb[a] = p.w2 + wo;
+      sb[a] = p.s2 + wo;
+    }
+  }
+  if ((threadIdx.x & 127) == 0) {  // this warp group's weights into L2 at once (as the decode kernels)
+#pragma unroll
+    for (int a = 0; a < NA; ++a)
+      if (rb[a] < nrb) {
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wb[a]), "r"(uint32_t(ch * 512)) : "memory");
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sb[a]), "r"(uint32_t(ch * 64)) : "memory");
+      }
+  }
+  // Activations: thread i copies 16 bytes (piece i%8) of token row i/8 of
+  // each of the stage's 4 chunks; absent tokens and chunks past K are zeros.
+  const int srow = threadIdx.x >> 3, piece = threadIdx.x & 7;
+  const bool rvalid = srow < cnt;
+  const __nv_bfloat16* src;
+  if constexpr (kGateUp)
+    src = p.x + int64_t(rvalid ? p.sorted_tok[off + srow] / p.topk : 0) * p.hidden + 8 * piece;
+  else
+    src = p.h + int64_t(rvalid ? off + srow : 0) * p.inter + 8 * piece;
+  const int nst = (ch + 3) / 4;
+  // Shared addresses of this thread's copies in buffer 0: x row piece, weight
+  // lane, and (lanes 0..4NA-1) a quarter of a fragment's 64 scale bytes.
+  const uint32_t sm0 = uint32_t(__cvta_generic_to_shared(pf_smem));
+  const uint32_t xdst = sm0 + uint32_t(srow * kPfPitch + 8 * piece) * 2;
+  const uint32_t wdst = sm0 + uint32_t(kPfXBytes + warp * NA * 512 + lane * 16);
+  const int sa = lane < 4 * NA ? lane / 4 : 0;
+  const uint32_t sdst = sm0 + uint32_t(kPfXBytes + kPfWBytes + (warp * NA + sa) * 64 + (lane % 4) * 16);
+  const uint16_t* const ssrc = (sa ? sb[1] : sb[0]) + (lane % 4) * 8;  // selects: no local-memory array
+  const bool sok = lane < 4 * NA && (sa ? rb[1] : rb[0]) < nrb;
+  auto stage = [&](int s) {
+    if (s < nst) {
+      const uint32_t bo = uint32_t((s % kPfBufs) * kPfBufBytes);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int c = 4 * s + q;
+        const bool ok = rvalid && c < ch;
+        cp_async16(xdst + bo + q * kPfTile * kPfPitch * 2, ok ? src + int64_t(c) * 64 : src, ok ? 16 : 0);
+      }
+      const int c = 4 * s + kw;
+      const bool cin = c < ch;
+#pragma unroll
+      for (int a = 0; a < NA; ++a) {
+        const bool ok = cin && rb[a] < nrb;
+        cp_async16(wdst + bo + a * 512, wb[a] + (ok ? int64_t(c) * 32 + lane : 0), ok ? 16 : 0);
+      }
+      if (lane < 4 * NA) cp_async16(sdst + bo, ssrc + (cin && sok ? int64_t(c) * 32 : 0), cin && sok ? 16 : 0);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");  // empty past the end: the wait count stays uniform
+  };
+  float acc[NA][kPfMT][4] = {};
+#pragma unroll
+  for (int s = 0; s < kPfBufs - 1; ++s) stage(s);
+  for (int s = 0; s < nst; ++s) {
+    stage(s + kPfBufs - 1);  // into the buffer computed at s - 1 (released by its closing barrier)
+    asm volatile("cp.async.wait_group %0;" ::"n"(kPfBufs - 1) : "memory");
+    __syncthreads();
+    if (4 * s + kw < ch) {
+      // Per accumulator: mma steps j = 0..3 of this chunk in order, as chunk_mma.
+      const unsigned char* const buf = pf_smem + (s % kPfBufs) * kPfBufBytes;
+      const __nv_bfloat16* const xt =
+          reinterpret_cast<const __nv_bfloat16*>(buf) + (kw * kPfTile + g) * kPfPitch + 16 * t;
+      uint4 wv[NA];
+      uint32_t sg[NA], sg8[NA];
+#pragma unroll
+      for (int a = 0; a < NA; ++a) {
+        wv[a] = *reinterpret_cast<const uint4*>(buf + kPfXBytes + (warp * NA + a) * 512 + lane * 16);
+        const uint16_t sv =
+            *reinterpret_cast<const uint16_t*>(buf + kPfXBytes + kPfWBytes + (warp * NA + a) * 64 + (g * 4 + t) * 2);
+        decode_scales(sv, sg[a], sg8[a]);
+      }
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp) {
+        uint32_t af[NA][2][4];
+#pragma unroll
+        for (int a = 0; a < NA; ++a) {
+          expand_word(jp ? wv[a].z : wv[a].x, sg[a], sg8[a], af[a][0]);
+          expand_word(jp ? wv[a].w : wv[a].y, sg[a], sg8[a], af[a][1]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < kPfMT; ++mt) {
+          const uint4 xq = *reinterpret_cast<const uint4*>(xt + 8 * mt * kPfPitch + 8 * jp);
+#pragma unroll
+          for (int a = 0; a < NA; ++a) {
+            mma_16816(acc[a][mt], af[a][0], xq.x, xq.y);
+            mma_16816(acc[a][mt], af[a][1], xq.z, xq.w);
+          }
+        }
+      }
+    }
+    __syncthreads();  // this buffer is staged again at s + 1
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();
+  float* const red = reinterpret_cast<float*>(pf_smem) + r * 4 * kPfTile * 16;
+  const int tid = threadIdx.x & 127;
+  float v0[kPfMT], v1[kPfMT];
+  reduce_warps_group<kPfMT>(acc[0], red, kw, tid, v0);
+  reduce_warps_group<kPfMT>(acc[1], red, kw, tid, v1);
+  if constexpr (kGateUp) {
+    const float sc_g = kEpilogueFactor * p.scale2[e * 3], sc_u = kEpilogueFactor * p.scale2[e * 3 + 1];
+#pragma unroll
+    for (int q = 0; q < kPfMT; ++q) {
+      const int n = (tid + 128 * q) / 16;
+      if (n < cnt) {
+        const float hv = swiglu_h(v0[q], v1[q], sc_g, sc_u, p.limit, p.sorted_w[off + n]);
+        p.h[int64_t(off + n) * p.inter + rb[0] * 16 + tid % 16] = __float2bfloat16_rn(hv);
+      }
+    }
+  } else {
+    const float sc = kEpilogueFactor * p.scale2[e * 3 + 2];
+#pragma unroll
+    for (int q = 0; q < kPfMT; ++q) {
+      const int n = (tid + 128 * q) / 16;
+      if (n < cnt) {
+        float* const yrow = p.yk + int64_t(p.sorted_tok[off + n]) * p.hidden + tid % 16;
+        if (rb[0] < nrb) yrow[rb[0] * 16] = v0[q] * sc;
+        if (rb[1] < nrb) yrow[rb[1] * 16] = v1[q] * sc;
+      }
     }
   }
 }
@@ -284,10 +509,22 @@ MoeScratch::MoeScratch(const DeviceExperts& e, int max_tokens_, int topk_) : max
   sorted_w.alloc(slots * 4);
   h.alloc(slots * size_t(e.inter) * 2);
   yk.alloc(slots * size_t(e.hidden) * 4);
+  // An expert with c tokens has ceil(c/64) <= c/64 + 1 tiles: at most
+  // slots/64 + (active experts) in all.
+  const int64_t mt = int64_t(slots / kPfTile) + std::min<int64_t>(int64_t(slots), e.count);
+  CM_CU_CHECK(mt <= 65535, "moe: %lld prefill tiles exceed the grid limit (max_tokens %d, topk %d)", (long long)mt,
+              max_tokens, topk);
+  max_tiles = int(mt);
+  tiles.alloc(size_t(1 + 2 * max_tiles) * 4);
+}
+
+void setup_moe_kernels() {
+  CM_CUDA(cudaFuncSetAttribute(moe_prefill_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPfSmem)));
+  CM_CUDA(cudaFuncSetAttribute(moe_prefill_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPfSmem)));
 }
 
 void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16_t* x, int T, const int32_t* ids,
-               const float* weights, float* y) {
+               const float* weights, float* y, MoePath path) {
   CM_CU_CHECK(T >= 0 && T <= s.max_tokens, "moe: %d tokens exceed the scratch capacity %d", T, s.max_tokens);
   if (T == 0) return;
   MoeParams p{};
@@ -319,16 +556,29 @@ void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16
   p.h = s.h.as<__nv_bfloat16>();
   p.yk = s.yk.as<float>();
   p.y = y;
-  const unsigned max_active = unsigned(std::min<int64_t>(int64_t(T) * s.topk, e.count));
+  const bool prefill = path == MoePath::prefill || (path == MoePath::automatic && T >= kMoePrefillMinTokens);
+  if (prefill) p.tiles = s.tiles.as<int>();
   launch_kernel(ctx, moe_route_kernel, dim3(1), dim3(1024), 0, "moe_route_kernel", p);
-  const dim3 g1(unsigned(e.inter / 16), max_active), g2(unsigned(e.hidden / 16), max_active);
-  // An expert holds at most T*topk tokens: with <= 8 one 8-token pass suffices.
-  if (int64_t(T) * s.topk <= 8) {
-    launch_kernel(ctx, moe_gate_up_kernel<1>, g1, dim3(128), 0, "moe_gate_up_kernel", p);
-    launch_kernel(ctx, moe_down_kernel<1>, g2, dim3(128), 0, "moe_down_kernel", p);
+  const int64_t slots = int64_t(T) * s.topk;
+  if (prefill) {
+    // The scratch's bound on this step's tiles: slots/64 + min(count, slots).
+    const unsigned tiles = unsigned(slots / kPfTile + std::min<int64_t>(slots, e.count));
+    launch_kernel(ctx, moe_prefill_kernel<true>, dim3(unsigned(e.inter / 16 / kPfRB), tiles), dim3(kPfThreads),
+                  kPfSmem, "moe_prefill_gate_up_kernel", p);
+    const unsigned down_groups = unsigned((e.hidden / 16 + 2 * kPfRB - 1) / (2 * kPfRB));  // 2 row blocks per warp
+    launch_kernel(ctx, moe_prefill_kernel<false>, dim3(down_groups, tiles), dim3(kPfThreads), kPfSmem,
+                  "moe_prefill_down_kernel", p);
   } else {
-    launch_kernel(ctx, moe_gate_up_kernel<2>, g1, dim3(128), 0, "moe_gate_up_kernel", p);
-    launch_kernel(ctx, moe_down_kernel<2>, g2, dim3(128), 0, "moe_down_kernel", p);
+    const unsigned max_active = unsigned(std::min<int64_t>(slots, e.count));
+    const dim3 g1(unsigned(e.inter / 16), max_active), g2(unsigned(e.hidden / 16), max_active);
+    // An expert holds at most T*topk tokens: with <= 8 one 8-token pass suffices.
+    if (slots <= 8) {
+      launch_kernel(ctx, moe_gate_up_kernel<1>, g1, dim3(128), 0, "moe_gate_up_kernel", p);
+      launch_kernel(ctx, moe_down_kernel<1>, g2, dim3(128), 0, "moe_down_kernel", p);
+    } else {
+      launch_kernel(ctx, moe_gate_up_kernel<2>, g1, dim3(128), 0, "moe_gate_up_kernel", p);
+      launch_kernel(ctx, moe_down_kernel<2>, g2, dim3(128), 0, "moe_down_kernel", p);
+    }
   }
   const int64_t outs = int64_t(T) * e.hidden;
   launch_kernel(ctx, moe_combine_kernel, dim3(unsigned((outs + 255) / 256)), dim3(256), 0, "moe_combine_kernel", p);
