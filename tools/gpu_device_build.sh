@@ -33,12 +33,13 @@ else
   fi
 fi
 echo "NCCL: ${NCCL_LINK:-not found (built without the NCCL communicator)}"
-CXX="g++ -std=c++20 -O3 -fopenmp -Wall -Wextra -Wno-unused-parameter -I$CUDA_INC"
+# The toolkit's include dir goes last: a toolkit nccl.h must not shadow the wheel's when the wheel's library is linked.
+CXX="g++ -std=c++20 -O3 -fopenmp -Wall -Wextra -Wno-unused-parameter"
 compile() {  # compile SRC OBJ
   local src=$1 obj=$2
   case "$src" in
     *.cu) $NVCC $INC -c "$src" -o "$obj" ;;
-    *) $CXX $INC $CLI_DEFS -c "$src" -o "$obj" ;;
+    *) $CXX $INC $CLI_DEFS -I"$CUDA_INC" -c "$src" -o "$obj" ;;
   esac
 }
 obj() { echo "$B/obj/$(echo "$1" | tr '/' '_').o"; }

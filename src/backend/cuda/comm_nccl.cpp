@@ -26,6 +26,14 @@ class NcclComm final : public Comm {
     if (id.size() != sizeof(ncclUniqueId))
       fail("NCCL rank {}: unique id of {} bytes, expected {}", rank, id.size(), sizeof(ncclUniqueId));
     if (size < 1 || rank < 0 || rank >= size) fail("NCCL: rank {} outside [0, {})", rank, size);
+    // An older library than the headers misreads the config struct and the
+    // collectives' arguments (seen: "AllReduce: invalid root 0" with a one-rank
+    // communicator); refuse it by name instead.
+    int lib = 0;
+    if (ncclGetVersion(&lib) != ncclSuccess || lib / 100 < NCCL_VERSION_CODE / 100)
+      fail("NCCL: the loaded library is version {}.{} but clawmine was built with the {}.{} headers; "
+           "build against the library that is loaded at run time (or put the newer one first on the library path)",
+           lib / 10000, lib / 100 % 100, NCCL_VERSION_CODE / 10000, NCCL_VERSION_CODE / 100 % 100);
     ncclUniqueId uid;
     std::memcpy(&uid, id.data(), sizeof uid);
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
