@@ -30,12 +30,14 @@ __device__ __forceinline__ uint32_t pack_bf16x2(uint16_t lo_k, uint16_t hi_k) {
   return uint32_t(lo_k) | (uint32_t(hi_k) << 16);
 }
 
-// The A fragment registers of one 16-row tile for the three parts of x (or the
-// one part of bf16 x): a[part][0..3] as mma.sync m16n8k16 takes them — rows g
-// and g + 8, columns k..k+1 and k+8..k+9 of the step (k = 2t).
+// The A fragment of one 16-row tile as mma.sync m16n8k16 takes it — rows g and
+// g + 8, columns k..k+1 and k+8..k+9 of the step (k = 2t) — in two halves so
+// that a warp can issue the loads of several k16 steps before using any:
+// load_x reads the raw words (f32 x: 8 words, bf16 x: 4), split_x makes the
+// three bf16 parts (or passes the bf16 words through).
 template <bool XBF>
-__device__ __forceinline__ void load_a(const void* x, int64_t ldx, int64_t col0, int64_t r0, int64_t M, int64_t k,
-                                       int64_t K, uint32_t (&a)[3][4]) {
+__device__ __forceinline__ void load_x(const void* x, int64_t ldx, int64_t col0, int64_t r0, int64_t M, int64_t k,
+                                       int64_t K, uint32_t (&r)[8]) {
   const int64_t rows[2] = {r0, r0 + 8};
   const int64_t ks[2] = {k, k + 8};
 #pragma unroll
@@ -45,25 +47,38 @@ __device__ __forceinline__ void load_a(const void* x, int64_t ldx, int64_t col0,
       const int reg = kh * 2 + rh;  // a0: (g, k), a1: (g+8, k), a2: (g, k+8), a3: (g+8, k+8)
       const bool ok = rows[rh] < M && ks[kh] < K;
       if constexpr (XBF) {
-        a[0][reg] = ok ? *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(x) + rows[rh] * ldx + col0 +
-                                                            ks[kh])
-                       : 0u;
+        r[reg] = ok ? *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(x) + rows[rh] * ldx + col0 +
+                                                         ks[kh])
+                    : 0u;
       } else {
         float2 v = make_float2(0.f, 0.f);
         if (ok) v = *reinterpret_cast<const float2*>(static_cast<const float*>(x) + rows[rh] * ldx + col0 + ks[kh]);
-        const float f[2] = {v.x, v.y};
-        uint16_t p[3][2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          p[0][e] = dev::to_bf(f[e]);
-          const float r1 = f[e] - dev::bf(p[0][e]);
-          p[1][e] = dev::to_bf(r1);
-          p[2][e] = dev::to_bf(r1 - dev::bf(p[1][e]));
-        }
-#pragma unroll
-        for (int part = 0; part < 3; ++part) a[part][reg] = pack_bf16x2(p[part][0], p[part][1]);
+        r[2 * reg] = __float_as_uint(v.x);
+        r[2 * reg + 1] = __float_as_uint(v.y);
       }
     }
+}
+
+template <bool XBF>
+__device__ __forceinline__ void split_x(const uint32_t (&r)[8], uint32_t (&a)[3][4]) {
+#pragma unroll
+  for (int reg = 0; reg < 4; ++reg) {
+    if constexpr (XBF) {
+      a[0][reg] = r[reg];
+    } else {
+      const float f[2] = {__uint_as_float(r[2 * reg]), __uint_as_float(r[2 * reg + 1])};
+      uint16_t p[3][2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        p[0][e] = dev::to_bf(f[e]);
+        const float r1 = f[e] - dev::bf(p[0][e]);
+        p[1][e] = dev::to_bf(r1);
+        p[2][e] = dev::to_bf(r1 - dev::bf(p[1][e]));
+      }
+#pragma unroll
+      for (int part = 0; part < 3; ++part) a[part][reg] = pack_bf16x2(p[part][0], p[part][1]);
+    }
+  }
 }
 
 // MT 16-row tiles × NT 8-column tiles per CTA; the 8 warps split K.
@@ -95,23 +110,39 @@ __global__ void __launch_bounds__(32 * kMmaWarps) dense_mma_kernel(const uint16_
     wok[j] = cg < rpg;
     wrow[j] = w + (grp * rpg + (wok[j] ? cg : 0)) * K;
   }
+  // Warp w takes k16 steps w, w + 8, w + 16, …, U of them per round: the
+  // round's weight and x loads are all issued before its first mma (one
+  // step per round left every warp waiting a full memory latency per step;
+  // at one token the loop was latency-bound, ~30 µs for 2 MB). The mma order
+  // per warp is unchanged, so every bit is.
+  constexpr int U = (MT == 1 && NT == 1) ? 8 : 4;
   const int64_t steps = (K + 15) / 16;
-  for (int64_t s = warp; s < steps; s += kMmaWarps) {
-    const int64_t k = s * 16 + 2 * t;
-    uint32_t b[NT][2];
+  for (int64_t s0 = warp; s0 < steps; s0 += int64_t(kMmaWarps) * U) {
+    uint32_t b[U][NT][2];
+    uint32_t xr[U][MT][8];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      b[j][0] = wok[j] && k < K ? *reinterpret_cast<const uint32_t*>(wrow[j] + k) : 0u;
-      b[j][1] = wok[j] && k + 8 < K ? *reinterpret_cast<const uint32_t*>(wrow[j] + k + 8) : 0u;
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = (s0 + int64_t(u) * kMmaWarps) * 16 + 2 * t;  // k >= K past the last step: zeros
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        b[u][j][0] = wok[j] && k < K ? *reinterpret_cast<const uint32_t*>(wrow[j] + k) : 0u;
+        b[u][j][1] = wok[j] && k + 8 < K ? *reinterpret_cast<const uint32_t*>(wrow[j] + k + 8) : 0u;
+      }
+#pragma unroll
+      for (int i = 0; i < MT; ++i) load_x<XBF>(x, ldx, col0, m0 + 16 * i + g, M, k, K, xr[u][i]);
     }
 #pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      uint32_t a[3][4];
-      load_a<XBF>(x, ldx, col0, m0 + 16 * i + g, M, k, K, a);
+    for (int u = 0; u < U; ++u) {
+      if (s0 + int64_t(u) * kMmaWarps >= steps) break;  // warp-uniform; no mma past the last step
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+      for (int i = 0; i < MT; ++i) {
+        uint32_t a[3][4];
+        split_x<XBF>(xr[u][i], a);
 #pragma unroll
-        for (int part = 0; part < kParts; ++part) sm90::mma_16816(acc[i][j], a[part], b[j][0], b[j][1]);
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int part = 0; part < kParts; ++part) sm90::mma_16816(acc[i][j], a[part], b[u][j][0], b[u][j][1]);
+      }
     }
   }
   // The warps' partial sums, added in warp order by warp 0.
