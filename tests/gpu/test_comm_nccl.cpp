@@ -34,7 +34,14 @@ struct Dev {
 TEST(NcclComm, OneRankCollectives) {
   CM_SKIP_WITHOUT_GPU();
   for (int round = 0; round < 2; ++round) {
-    auto c = make_nccl_comm(0, 1, nccl_unique_id());
+    std::unique_ptr<Comm> c;
+    try {
+      c = make_nccl_comm(0, 1, nccl_unique_id());
+    } catch (const Error& e) {
+      // The environment's libnccl cannot run here (named in the error); anything else fails the test.
+      if (std::string(e.what()).find(kNcclNoRanks) != std::string::npos) GTEST_SKIP() << e.what();
+      throw;
+    }
     EXPECT_EQ(c->rank(), 0);
     EXPECT_EQ(c->size(), 1);
     std::vector<float> h = {1.5f, -2.0f, 3.25f};

@@ -42,6 +42,14 @@ class NcclComm final : public Comm {
     cfg.blocking = 0;
     check(ncclCommInitRankConfig(&comm_, size, uid, rank, &cfg), "ncclCommInitRankConfig");
     wait("init", false);
+    // A library without kernels for this GPU finishes init "successfully" with an
+    // empty communicator (seen with a PyTorch wheel's libnccl on an H200: every
+    // collective then fails with "invalid root 0"); say what happened instead.
+    int n = 0;
+    if (ncclCommCount(comm_, &n) != ncclSuccess || n != size)
+      die("init", fmt::format("{} (the communicator reports {} of {} ranks; the loaded libnccl may have no "
+                              "kernels for this GPU's architecture)",
+                              kNcclNoRanks, n, size));
   }
   ~NcclComm() override {
     if (comm_) {
