@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -186,4 +187,27 @@ TEST(QuantCodec, Nvfp4RowErrorBound) {
   e2m1_unpack(q2.data(), 32, c2.data());
   EXPECT_EQ(s2b[0], 0x7e);
   for (int i = 0; i < 32; ++i) EXPECT_EQ(float(ref_e2m1(c2[size_t(i)])) * 0.125f, g[size_t(i)]) << i;
+}
+
+// any_non_finite (the backends' check of returned logits): NaN, +Inf and -Inf anywhere, at every position
+// of arrays of several lengths (the vectorized body and its tail); the largest finite values, denormals,
+// zeros and negative zeros are finite.
+TEST(Numeric, AnyNonFiniteFindsEveryKindAtEveryPosition) {
+  const float finite[] = {0.f, -0.f, 3.4028235e38f, -3.4028235e38f, 1e-45f, -1e-40f, 1.f};
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                       std::numeric_limits<float>::signaling_NaN()};
+  for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(33), size_t(1000)}) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = finite[i % 7];
+    EXPECT_FALSE(any_non_finite(x.data(), n)) << n;
+    for (size_t at : {size_t(0), n / 2, n - 1})
+      for (float b : bad) {
+        std::vector<float> y = x;
+        y[at] = b;
+        EXPECT_TRUE(any_non_finite(y.data(), n)) << n << " " << at;
+        EXPECT_FALSE(any_non_finite(y.data(), at)) << "only the first " << at << " values are read";
+      }
+  }
+  EXPECT_FALSE(any_non_finite(nullptr, 0));
 }

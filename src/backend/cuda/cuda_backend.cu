@@ -34,6 +34,7 @@
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/device_observer.h"
 #include "backend/cuda/op_timer.h"
+#include "common/numeric.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
 #include "ops/hc.h"
@@ -475,9 +476,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
     obs_.observe(ctx, "logits", logits, false, {R, V});
     obs_.to_host(ctx, logits_out, logits, size_t(R * V) * 4);
     obs_.flush(ctx);  // before the check: --layer-stats shows where a non-finite value came from
-    bool bad = false;
-    for (int64_t i = 0; i < R * V && !bad; ++i) bad = !std::isfinite(logits_out[i]);
-    CM_CU_CHECK(!bad,
+    CM_CU_CHECK(!any_non_finite(logits_out, size_t(R * V)),
                 "non-finite logits; the first intermediate that went non-finite is %s (run with --layer-stats for "
                 "every layer's statistics)",
                 first_non_finite().c_str());
