@@ -9,11 +9,13 @@
 //    refused with "the model needs X GiB ..., Y GiB available (utilization U of
 //    Z GiB total, W GiB free)" before anything is allocated (the device's free
 //    memory is unchanged), the default budget loads it, and a reservation past
-//    the budget is refused with the same message form.
+//    the budget is refused with the same message form;
+//  - the observer's large device-to-host copies (the logits) through pinned staging arrive exactly.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <utility>
 #include <regex>
 #include <string>
@@ -22,6 +24,7 @@
 #include "../stats_util.h"
 #include "../step_util.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_observer.h"
 #include "common/error.h"
 
 namespace {
@@ -162,6 +165,29 @@ TEST(CudaMemory, UtilizationBudgetRefusesLoadingAndReserving) {
   // A usable reservation works again afterwards.
   be->reserve(CacheShape{1, 8, 256});
   EXPECT_NO_THROW(test::feed_chunks(*be, 0, toks.data(), 3, 0, m->config.vocab_size));
+}
+
+// The observer's device-to-host copy, which returns every step's logits: copies larger than a staging
+// half go through the two pinned halves (pieces alternate); sizes around the half and odd byte counts
+// arrive exactly, and each call counts as one copy.
+TEST(CudaStats, LargeHostCopiesArriveExactly) {
+  if (!device_available(Device::CUDA)) GTEST_SKIP() << "no CUDA device";
+  cuda::Context ctx;
+  cuda::DeviceObserver obs(nullptr);
+  obs.reserve();
+  const size_t half = size_t(16) << 20;
+  for (size_t bytes : {size_t(12), half, half + 1, 2 * half, 2 * half + 4, 5 * half + 12345}) {
+    std::vector<uint8_t> h(bytes), back(bytes, 0xAB);
+    for (size_t i = 0; i < bytes; ++i) h[i] = uint8_t((i * 2654435761u) >> 13);
+    void* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d, h.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    const size_t before = obs.host_copies();
+    obs.to_host(ctx, back.data(), d, bytes);
+    EXPECT_EQ(obs.host_copies(), before + 1);
+    EXPECT_EQ(std::memcmp(h.data(), back.data(), bytes), 0) << bytes << " bytes";
+    cudaFree(d);
+  }
 }
 
 }  // namespace

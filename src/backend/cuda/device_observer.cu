@@ -1,6 +1,7 @@
 // The CUDA backend's observer path (see device_observer.h).
 #include "backend/cuda/device_observer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cuda/cuda_errors.h"
@@ -22,8 +23,18 @@ size_t DeviceObserver::reserve_bytes() const {
   return o_ && !o_->wants_tensors() ? size_t(kStatsCapacity) * sizeof(DeviceTensorStats) : 0;
 }
 
+DeviceObserver::Stage::~Stage() {
+  for (cudaEvent_t e : done)
+    if (e) cudaEventDestroy(e);
+  if (host) cudaFreeHost(host);
+}
+
 void DeviceObserver::reserve() {
   begin_step();
+  if (!stage_.host) {
+    CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&stage_.host), 2 * kStageBytes));
+    for (cudaEvent_t& e : stage_.done) CM_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
   if (reserve_bytes() == 0) return;
   if (stats_.size() < reserve_bytes()) stats_.alloc(reserve_bytes());
   host_stats_.resize(size_t(kStatsCapacity));
@@ -78,8 +89,30 @@ void DeviceObserver::flush(Context& ctx) {
 
 void DeviceObserver::to_host(Context& ctx, void* dst, const void* src, size_t bytes) {
   ++copies_;
-  CM_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx.stream()));
-  CM_CUDA(cudaStreamSynchronize(ctx.stream()));
+  if (bytes <= kStageBytes || !stage_.host) {
+    CM_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx.stream()));
+    CM_CUDA(cudaStreamSynchronize(ctx.stream()));
+    return;
+  }
+  // Pieces alternate between the halves: piece i + 1 is in flight while piece i is copied out, and a
+  // half is refilled only after its copy-out (host order).
+  size_t len[2] = {0, 0}, at[2] = {0, 0}, off = 0;
+  const auto issue = [&](int k) {
+    len[k] = std::min(kStageBytes, bytes - off);
+    if (len[k] == 0) return;
+    at[k] = off;
+    off += len[k];
+    CM_CUDA(cudaMemcpyAsync(stage_.host + size_t(k) * kStageBytes, static_cast<const char*>(src) + at[k], len[k],
+                            cudaMemcpyDeviceToHost, ctx.stream()));
+    CM_CUDA(cudaEventRecord(stage_.done[k], ctx.stream()));
+  };
+  issue(0);
+  issue(1);
+  for (int k = 0; len[k] > 0; k ^= 1) {
+    CM_CUDA(cudaEventSynchronize(stage_.done[k]));
+    std::memcpy(static_cast<char*>(dst) + at[k], stage_.host + size_t(k) * kStageBytes, len[k]);
+    issue(k);
+  }
 }
 
 }  // namespace cm::cuda

@@ -42,7 +42,10 @@ class DeviceObserver {
   // Reads back the statistics queued so far and hands them over (after the step's kernels).
   void flush(Context& ctx);
 
-  // Copies device → host on ctx's stream and waits; counted.
+  // Copies device → host on ctx's stream and waits; counted. Copies larger than
+  // one staging half (a batch's logits) go through two pinned halves, the host
+  // copy out of one overlapping the transfer into the other (a plain copy to
+  // pageable memory is staged by the driver one piece at a time).
   void to_host(Context& ctx, void* dst, const void* src, size_t bytes);
   size_t host_copies() const { return copies_; }
 
@@ -59,6 +62,16 @@ class DeviceObserver {
   std::vector<float> f32_;
   std::vector<uint16_t> bf16_;
   size_t copies_ = 0;
+  // Pinned staging for large copies: two halves of kStageBytes and an event each, made by reserve().
+  static constexpr size_t kStageBytes = size_t(16) << 20;
+  struct Stage {
+    char* host = nullptr;  // pinned [2 * kStageBytes]
+    cudaEvent_t done[2] = {nullptr, nullptr};
+    Stage() = default;
+    Stage(const Stage&) = delete;
+    Stage& operator=(const Stage&) = delete;
+    ~Stage();
+  } stage_;
 };
 
 }  // namespace cm::cuda
