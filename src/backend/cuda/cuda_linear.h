@@ -5,7 +5,11 @@
 //    split-K across CTAs with an in-kernel last-arriver reduction);
 //  - M > 64: the wgmma kernel (sm90_nvfp4_wgmma.cu: TMA + mbarrier pipeline,
 //    the weight expanded in registers as wgmma's A operand), or, for shapes it
-//    does not take, the weight expanded to BF16 panels and multiplied by cuBLAS.
+//    does not take, the weight expanded to BF16 panels and multiplied by cuBLAS;
+//  - the model (run_linear) needs a row's bits not to depend on the batch, so
+//    it runs the decode kernel below kNvfp4TilesMinRows rows and from there
+//    the mma.sync prefill kernel (sm90_nvfp4_prefill.cu), which reproduces the
+//    decode kernel's sums bit for bit in tiles of 64 rows.
 // Grouped linears (V4's wo_a: G independent [N/G, K] blocks, each applied to
 // its own K-slice of x) are the same call with groups = G.
 #pragma once
