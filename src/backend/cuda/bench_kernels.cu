@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <set>
 #include <type_traits>
@@ -190,8 +191,7 @@ void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, d
                        "cublasGemmStridedBatchedEx");
         },
         bcopies, opt.repeats);
-    // M > 64: both prefill kernels, each its own row (the default one first)
-    // (kernel, decode_max_m): the default first; M > 64 also dequant + cuBLAS;
+    // (kernel, decode_max_m): the default first; M > 64 also the other of wgmma and dequant + cuBLAS;
     // 16 < M <= 64 also the wgmma kernel in place of the decode kernel
     std::vector<std::pair<PrefillKernel, int64_t>> kernels{{PrefillKernel::Auto, 64}};
     if (M > 64 && wgmma_nvfp4_supported(ws[0], M))  // the path Auto did not take
@@ -199,6 +199,12 @@ void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, d
                                                                              : PrefillKernel::Wgmma,
                          64});
     if (M > 16 && M <= 64 && wgmma_nvfp4_supported(ws[0], M)) kernels.push_back({PrefillKernel::Wgmma, 0});
+    // M > 64: the batch-invariant pair the model chooses between by M (same
+    // bits): the mma.sync prefill kernel and 32-row slices of the decode kernel
+    if (M > 64) {
+      kernels.push_back({PrefillKernel::MmaTiles, 64});
+      kernels.push_back({PrefillKernel::Auto, std::numeric_limits<int64_t>::max()});
+    }
     for (const auto& kd : kernels) {
       const PrefillKernel pk = kd.first;
       const int64_t dmax = kd.second;

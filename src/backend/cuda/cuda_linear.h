@@ -5,7 +5,11 @@
 //    split-K across CTAs with an in-kernel last-arriver reduction);
 //  - M > 64: the wgmma kernel (sm90_nvfp4_wgmma.cu: TMA + mbarrier pipeline,
 //    the weight expanded in registers as wgmma's A operand), or, for shapes it
-//    does not take, the weight expanded to BF16 panels and multiplied by cuBLAS.
+//    does not take, the weight expanded to BF16 panels and multiplied by cuBLAS;
+//  - the model (run_linear) needs a row's bits not to depend on the batch, so
+//    it runs the decode kernel below kNvfp4TilesMinRows rows and from there
+//    the mma.sync prefill kernel (sm90_nvfp4_prefill.cu), which reproduces the
+//    decode kernel's sums bit for bit in tiles of 64 rows.
 // Grouped linears (V4's wo_a: G independent [N/G, K] blocks, each applied to
 // its own K-slice of x) are the same call with groups = G.
 #pragma once
@@ -22,7 +26,13 @@ enum class OutType : uint8_t { F32, BF16 };
 // Which kernel serves M > decode_max_m. Auto: the one measured faster for the
 // shape (wgmma for large weights up to M = 256, else dequant + cuBLAS; see
 // sm90_nvfp4_linear.cu). Asking for Wgmma on a shape it does not take throws.
-enum class PrefillKernel : uint8_t { Auto, Wgmma, DequantCublas };
+// MmaTiles: the mma.sync prefill kernel (sm90_nvfp4_prefill.cu), bit for bit
+// the decode kernel's output for every row (the model's batch invariance).
+enum class PrefillKernel : uint8_t { Auto, Wgmma, DequantCublas, MmaTiles };
+
+// From this many rows the model's linears (run_linear) take the mma.sync
+// prefill kernel instead of 32-row slices of the decode kernel (same bits).
+inline constexpr int64_t kNvfp4TilesMinRows = 128;
 
 struct DeviceLinear {
   std::string name;
@@ -48,13 +58,21 @@ void fill_random_packed(void* data, size_t data_bytes, void* scales, size_t scal
 void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                   int64_t ldy, OutType out, int64_t decode_max_m = 64, PrefillKernel prefill = PrefillKernel::Auto);
 
-// The kernel linear_nvfp4 runs for these arguments ("mma.sync decode", "wgmma", "dequant+cuBLAS").
+// The kernel linear_nvfp4 runs for these arguments ("mma.sync decode", "wgmma", "dequant+cuBLAS",
+// "mma.sync prefill").
 const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_max_m = 64,
                               PrefillKernel prefill = PrefillKernel::Auto);
 
 // The wgmma prefill kernel alone: any M >= 1; grouped weights need N/groups % 128 == 0 and K % 64 == 0.
 bool wgmma_nvfp4_supported(const DeviceLinear& w, int64_t M);
 void linear_nvfp4_wgmma(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
+                        int64_t ldy, OutType out);
+
+// The mma.sync prefill kernel alone (any M >= 1, any shape the decode kernel
+// takes): tiles of 64 rows x 128 weight rows, each weight chunk expanded once
+// per tile; every output has the bits of the decode kernel (same K split,
+// per-warp chunk walk, warp and split reduction order and epilogue).
+void linear_nvfp4_tiles(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                         int64_t ldy, OutType out);
 
 // Expands W to bf16 [N, K] row-major, values exact (includes scale_2 only if apply_scale_2).

@@ -14,8 +14,11 @@ namespace cm::cuda {
 
 namespace {
 
-// The decode kernels serve every M: a row's result then never depends on how
-// many rows share the call (the prefill kernels are chosen by M).
+// A row's result must never depend on how many rows share the call: FP8
+// linears run the decode kernel at every M; NVFP4 linears run it below
+// kNvfp4TilesMinRows rows and the mma.sync prefill kernel from there, which
+// gives the decode kernel's bits for every row (the other prefill kernels,
+// wgmma and dequant + cuBLAS, sum in other orders).
 constexpr int64_t kAlwaysDecode = std::numeric_limits<int64_t>::max();
 
 DevF32 upload_f32(const std::vector<float>& v) {
@@ -109,7 +112,7 @@ void run_linear(Context& ctx, const DevLinear& w, const void* x, bool x_bf16, in
   }
   const OutType out = y_bf16 ? OutType::BF16 : OutType::F32;
   if (w.fp4)
-    linear_nvfp4(ctx, *w.fp4, xb, M, ldx, y, ldy, out, kAlwaysDecode);
+    linear_nvfp4(ctx, *w.fp4, xb, M, ldx, y, ldy, out, kNvfp4TilesMinRows - 1, PrefillKernel::MmaTiles);
   else
     linear_fp8(ctx, *w.fp8, xb, M, ldx, y, ldy, out, kAlwaysDecode);
 }

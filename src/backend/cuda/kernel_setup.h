@@ -19,6 +19,8 @@ void setup_fp8_decode_kernels(KernelSetup& s);
 void setup_wgmma_kernels();
 // Raises the dynamic shared-memory limit of the MoE prefill kernels (sm90_nvfp4_moe.cu).
 void setup_moe_kernels();
+// Raises the dynamic shared-memory limit of the NVFP4 prefill kernel (sm90_nvfp4_prefill.cu).
+void setup_nvfp4_prefill_kernels();
 }  // namespace cuda
 
 }  // namespace cm

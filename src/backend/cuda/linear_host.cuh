@@ -53,6 +53,19 @@ inline SplitK choose_splitk(int sm_count, int occupancy, int64_t row_blocks, int
   return SplitK{(chunks + per - 1) / per, per};
 }
 
+// The K split of a weight's decode launches (and of the NVFP4 prefill kernel,
+// which must reproduce it). It is one split per weight and device, whatever
+// the launch's MT: a row's sum depends on the split points, and a token must
+// get the same bits alone, in a slice of 9 or of 32 rows. The MT variants'
+// occupancies differ (the NVFP4 kernels' registers give 3, 4 and 2 CTAs per
+// SM on the H200), so every MT uses occupancy[0], the one-token kernel's
+// (its one-wave split is the one measured for decode). Many row blocks (wq_b,
+// the head): one CTA per row block, no split.
+inline SplitK decode_split(int sm_count, const int (&occupancy)[3], int64_t row_blocks, int64_t chunks) {
+  if (row_blocks >= int64_t(sm_count) * 8) return SplitK{1, chunks};
+  return choose_splitk(sm_count, occupancy[0], row_blocks, chunks);
+}
+
 // y = alpha * x * W^T through cuBLAS BF16 GEMMs (FP32 compute) on weight
 // panels that dequant(row0, rows, panel) expands to exact bf16 [rows, K].
 // Grouped weights (groups > 1) are expanded whole and run as one strided

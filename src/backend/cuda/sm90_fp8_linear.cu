@@ -148,8 +148,7 @@ void launch_decode(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
                   p);
     return;
   }
-  const int occupancy = ctx.setup().fp8_decode_occupancy[MT == 1 ? 0 : MT == 2 ? 1 : 2];
-  const SplitK sk = choose_splitk(ctx.sm_count(), occupancy, w.row_blocks, w.chunks);
+  const SplitK sk = decode_split(ctx.sm_count(), ctx.setup().fp8_decode_occupancy, w.row_blocks, w.chunks);
   p.ksplit = int(sk.ksplit);
   p.chunks_per_split = int(sk.per);
   if (sk.ksplit > 1) {

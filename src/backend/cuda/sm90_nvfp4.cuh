@@ -174,6 +174,52 @@ __device__ __forceinline__ void warp_kloop(const uint4* const (&wb)[NW], const u
   }
 }
 
+// 16-byte global -> shared copy (L2 only); src_bytes 0 fills the 16 bytes with zeros.
+__device__ __forceinline__ void cp_async16(uint32_t d, const void* src, int src_bytes) {
+  const size_t g = __cvta_generic_to_global(src);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(g), "r"(src_bytes) : "memory");
+}
+
+// One 64-k chunk staged in shared memory (the prefill kernels): NA weight
+// fragments (packed 16-row blocks of 512 bytes at w + 512 a, their 64 scale
+// bytes at s + 64 a) times 8*MT tokens. xt: this lane's first activation
+// (token g, k = 16t) of the chunk, token rows `pitch` bf16 apart. Each
+// accumulator gets the mma steps j = 0..3 in order on the same A and B
+// fragments as chunk_mma (the decode kernels), so a token's sums are the
+// decode kernels' bits; every B read (16 bytes) feeds 2*NA mma.
+template <int NA, int MT>
+__device__ __forceinline__ void smem_chunk_mma(const unsigned char* w, const unsigned char* s,
+                                               const __nv_bfloat16* xt, int pitch, int lane,
+                                               float (&acc)[NA][MT][4]) {
+  const int g = lane >> 2, t = lane & 3;
+  uint4 wv[NA];
+  uint32_t sg[NA], sg8[NA];
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    wv[a] = *reinterpret_cast<const uint4*>(w + a * 512 + lane * 16);
+    const uint16_t sv = *reinterpret_cast<const uint16_t*>(s + a * 64 + (g * 4 + t) * 2);
+    decode_scales(sv, sg[a], sg8[a]);
+  }
+#pragma unroll
+  for (int jp = 0; jp < 2; ++jp) {
+    uint32_t af[NA][2][4];
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      expand_word(jp ? wv[a].z : wv[a].x, sg[a], sg8[a], af[a][0]);
+      expand_word(jp ? wv[a].w : wv[a].y, sg[a], sg8[a], af[a][1]);
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const uint4 xq = *reinterpret_cast<const uint4*>(xt + 8 * mt * pitch + 8 * jp);
+#pragma unroll
+      for (int a = 0; a < NA; ++a) {
+        mma_16816(acc[a][mt], af[a][0], xq.x, xq.y);
+        mma_16816(acc[a][mt], af[a][1], xq.z, xq.w);
+      }
+    }
+  }
+}
+
 // Sums the 4 warps' accumulators of a 16-row x 8*MT-token tile. red must
 // hold 4 * 8*MT * 16 floats. Thread i ends with values v = i + 128*q
 // (token v/16, row v%16) in vals[q]. Ends with a __syncthreads so red can be reused.

@@ -182,8 +182,7 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
     return;
   }
   // Split K so that about one wave of CTAs covers the matrix (linear_host.cuh).
-  const int occupancy = ctx.setup().nvfp4_decode_occupancy[MT == 1 ? 0 : MT == 2 ? 1 : 2];
-  const SplitK sk = choose_splitk(ctx.sm_count(), occupancy, w.row_blocks, w.chunks);
+  const SplitK sk = decode_split(ctx.sm_count(), ctx.setup().nvfp4_decode_occupancy, w.row_blocks, w.chunks);
   p.ksplit = int(sk.ksplit);
   p.chunks_per_split = int(sk.per);
   if (sk.ksplit > 1) {
@@ -268,6 +267,7 @@ bool auto_uses_wgmma(const DeviceLinear& w, int64_t M) {
 
 const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_max_m, PrefillKernel prefill) {
   if (M <= decode_max_m) return "mma.sync decode";
+  if (prefill == PrefillKernel::MmaTiles) return "mma.sync prefill";
   if (prefill == PrefillKernel::Wgmma || (prefill == PrefillKernel::Auto && auto_uses_wgmma(w, M))) return "wgmma";
   return "dequant+cuBLAS";
 }
@@ -282,6 +282,10 @@ void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_
     decode_in_slices(x, M, ldx, y, ldy, out, [&](auto mt, const uint16_t* xs, int64_t mm, void* ys) {
       launch_decode<decltype(mt)::value>(ctx, w, xs, mm, ldx, ys, ldy, out);
     });
+    return;
+  }
+  if (prefill == PrefillKernel::MmaTiles) {
+    linear_nvfp4_tiles(ctx, w, x, M, ldx, y, ldy, out);
     return;
   }
   if (prefill == PrefillKernel::Wgmma || (prefill == PrefillKernel::Auto && auto_uses_wgmma(w, M))) {

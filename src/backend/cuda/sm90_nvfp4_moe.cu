@@ -253,12 +253,6 @@ __global__ void __launch_bounds__(128) moe_down_kernel(const MoeParams p) {
   }
 }
 
-// 16-byte global -> shared copy (L2 only); src_bytes 0 fills the 16 bytes with zeros.
-__device__ __forceinline__ void cp_async16(uint32_t d, const void* src, int src_bytes) {
-  const size_t g = __cvta_generic_to_global(src);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(g), "r"(src_bytes) : "memory");
-}
-
 // Prefill gate/up + SwiGLU (kGateUp) or down for one 64-token tile of one
 // expert. Each warp multiplies two weight fragments (A) by every token
 // fragment (B) it reads from shared memory: gate/up the gate and up rows of
@@ -361,35 +355,9 @@ __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoePar
     if (4 * s + kw < ch) {
       // Per accumulator: mma steps j = 0..3 of this chunk in order, as chunk_mma.
       const unsigned char* const buf = pf_smem + (s % kPfBufs) * kPfBufBytes;
-      const __nv_bfloat16* const xt =
-          reinterpret_cast<const __nv_bfloat16*>(buf) + (kw * kPfTile + g) * kPfPitch + 16 * t;
-      uint4 wv[NA];
-      uint32_t sg[NA], sg8[NA];
-#pragma unroll
-      for (int a = 0; a < NA; ++a) {
-        wv[a] = *reinterpret_cast<const uint4*>(buf + kPfXBytes + (warp * NA + a) * 512 + lane * 16);
-        const uint16_t sv =
-            *reinterpret_cast<const uint16_t*>(buf + kPfXBytes + kPfWBytes + (warp * NA + a) * 64 + (g * 4 + t) * 2);
-        decode_scales(sv, sg[a], sg8[a]);
-      }
-#pragma unroll
-      for (int jp = 0; jp < 2; ++jp) {
-        uint32_t af[NA][2][4];
-#pragma unroll
-        for (int a = 0; a < NA; ++a) {
-          expand_word(jp ? wv[a].z : wv[a].x, sg[a], sg8[a], af[a][0]);
-          expand_word(jp ? wv[a].w : wv[a].y, sg[a], sg8[a], af[a][1]);
-        }
-#pragma unroll
-        for (int mt = 0; mt < kPfMT; ++mt) {
-          const uint4 xq = *reinterpret_cast<const uint4*>(xt + 8 * mt * kPfPitch + 8 * jp);
-#pragma unroll
-          for (int a = 0; a < NA; ++a) {
-            mma_16816(acc[a][mt], af[a][0], xq.x, xq.y);
-            mma_16816(acc[a][mt], af[a][1], xq.z, xq.w);
-          }
-        }
-      }
+      smem_chunk_mma<NA, kPfMT>(buf + kPfXBytes + warp * NA * 512, buf + kPfXBytes + kPfWBytes + warp * NA * 64,
+                                reinterpret_cast<const __nv_bfloat16*>(buf) + (kw * kPfTile + g) * kPfPitch + 16 * t,
+                                kPfPitch, lane, acc);
     }
     __syncthreads();  // this buffer is staged again at s + 1
   }
