@@ -114,8 +114,11 @@ __global__ void __launch_bounds__(32 * kMmaWarps) dense_mma_kernel(const uint16_
   // round's weight and x loads are all issued before its first mma (one
   // step per round left every warp waiting a full memory latency per step;
   // at one token the loop was latency-bound, ~30 µs for 2 MB). The mma order
-  // per warp is unchanged, so every bit is.
-  constexpr int U = (MT == 1 && NT == 1) ? 8 : 4;
+  // per warp is unchanged, so every bit is. Tall tiles (M > 16: prefill,
+  // many CTAs, compute-bound) keep one step per round: the extra registers
+  // of a deeper round halved their occupancy and slowed them (~30%, the
+  // compressor projections at 2,048 rows).
+  constexpr int U = MT == 1 ? (NT == 1 ? 8 : 4) : 1;
   const int64_t steps = (K + 15) / 16;
   for (int64_t s0 = warp; s0 < steps; s0 += int64_t(kMmaWarps) * U) {
     uint32_t b[U][NT][2];
