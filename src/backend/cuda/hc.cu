@@ -77,25 +77,28 @@ __device__ void sinkhorn_warp(float* c, int iters, float eps) {
 // one-CTA-per-token kernel read fn (1.5 MB for V4-Flash) on a single SM
 // (~240 µs); split over 32 CTAs it streams at full bandwidth.
 constexpr int kChunk = 512;   // elements of hc·D per CTA
-constexpr int kTileT = 2;     // tokens per CTA (the accumulators stay in registers)
+constexpr int kTileT = 2;     // tokens per CTA (the accumulators stay in registers); 1 for a one-token step
 
 int64_t n_chunks(int64_t hc, int64_t dim) { return (hc * dim + kChunk - 1) / kChunk; }
 
-template <int HC, bool HEAD>
+// TT tokens per CTA: a token's sums do not depend on TT (each token has its own accumulators, reduced
+// in the same order), so the one-token variant, which halves the warp reductions at decode, gives the
+// same bits as the two-token tile.
+template <int HC, bool HEAD, int TT>
 __global__ void __launch_bounds__(kThreads) hc_mix_partial_kernel(const HcKParams p, int64_t tokens, float* part) {
   constexpr int R = HEAD ? HC : (2 + HC) * HC;
   cuda::dev::pdl_wait_and_release();
-  __shared__ float red[kThreads / 32][kTileT][R + 1];
-  const int64_t n = HC * p.dim, chunk = blockIdx.x, nch = gridDim.x, t0 = int64_t(blockIdx.y) * kTileT;
-  float acc[kTileT][R + 1];
+  __shared__ float red[kThreads / 32][TT][R + 1];
+  const int64_t n = HC * p.dim, chunk = blockIdx.x, nch = gridDim.x, t0 = int64_t(blockIdx.y) * TT;
+  float acc[TT][R + 1];
 #pragma unroll
-  for (int u = 0; u < kTileT; ++u)
+  for (int u = 0; u < TT; ++u)
 #pragma unroll
     for (int r = 0; r <= R; ++r) acc[u][r] = 0.f;
   for (int64_t i = chunk * kChunk + threadIdx.x; i < min(n, (chunk + 1) * kChunk); i += kThreads) {
-    float v[kTileT];
+    float v[TT];
 #pragma unroll
-    for (int u = 0; u < kTileT; ++u) {
+    for (int u = 0; u < TT; ++u) {
       v[u] = t0 + u < tokens ? p.x[(t0 + u) * n + i] : 0.f;
       acc[u][R] += v[u] * v[u];
     }
@@ -103,19 +106,19 @@ __global__ void __launch_bounds__(kThreads) hc_mix_partial_kernel(const HcKParam
     for (int r = 0; r < R; ++r) {
       const float f = p.fn[r * n + i];
 #pragma unroll
-      for (int u = 0; u < kTileT; ++u) acc[u][r] += v[u] * f;
+      for (int u = 0; u < TT; ++u) acc[u][r] += v[u] * f;
     }
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-  for (int u = 0; u < kTileT; ++u)
+  for (int u = 0; u < TT; ++u)
 #pragma unroll
     for (int r = 0; r <= R; ++r) {
       const float s = cuda::dev::warp_sum(acc[u][r]);
       if (lane == 0) red[warp][u][r] = s;
     }
   __syncthreads();
-  for (int k = threadIdx.x; k < kTileT * (R + 1); k += kThreads) {
+  for (int k = threadIdx.x; k < TT * (R + 1); k += kThreads) {
     const int u = k / (R + 1), r = k % (R + 1);
     if (t0 + u >= tokens) continue;
     float s = 0.f;
@@ -190,8 +193,14 @@ __global__ void hc_post_kernel(int64_t dim, const float* out, const float* post,
 template <int HC, bool HEAD>
 void launch_mix_hc(cuda::Context& ctx, const HcKParams& p, int64_t tokens, float* part) {
   const int64_t nch = n_chunks(HC, p.dim);
-  const dim3 grid{unsigned(nch), unsigned((tokens + kTileT - 1) / kTileT)}, block{unsigned(kThreads)};
-  cuda::launch_kernel(ctx, hc_mix_partial_kernel<HC, HEAD>, grid, block, 0, "hc_mix_partial_kernel", p, tokens, part);
+  const dim3 block{unsigned(kThreads)};
+  if (tokens == 1)
+    cuda::launch_kernel(ctx, hc_mix_partial_kernel<HC, HEAD, 1>, dim3(unsigned(nch), 1u), block, 0,
+                        "hc_mix_partial_kernel", p, tokens, part);
+  else
+    cuda::launch_kernel(ctx, hc_mix_partial_kernel<HC, HEAD, kTileT>,
+                        dim3(unsigned(nch), unsigned((tokens + kTileT - 1) / kTileT)), block, 0,
+                        "hc_mix_partial_kernel", p, tokens, part);
   cuda::launch_kernel(ctx, hc_mix_finish_kernel<HC, HEAD>, dim3(unsigned(tokens)), block, 0, "hc_mix_finish_kernel", p,
                       nch, static_cast<const float*>(part));
 }
