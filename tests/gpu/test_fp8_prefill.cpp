@@ -74,6 +74,15 @@ std::string first_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>
   return "";
 }
 
+// Random activations [M, KX] (values in xf) on the device.
+cuda::DeviceBuffer random_x(int64_t M, int64_t KX, uint64_t seed, std::vector<float>& xf) {
+  std::vector<uint16_t> xb;
+  random_bf16(size_t(M * KX), seed, 2.0f, xb, xf);
+  cuda::DeviceBuffer dx(xb.size() * 2);
+  dx.upload(xb.data(), xb.size() * 2);
+  return dx;
+}
+
 struct Case {
   int64_t N, K;
   int groups;
@@ -84,11 +93,8 @@ struct Case {
 // bit for bit, both output types.
 void check_bits(cuda::Context& ctx, const cuda::DeviceFp8Linear& dw, int64_t M, uint64_t seed) {
   const int64_t N = dw.N, KX = dw.K * dw.groups;
-  std::vector<uint16_t> xb;
   std::vector<float> xf;
-  random_bf16(size_t(M * KX), seed, 2.0f, xb, xf);
-  cuda::DeviceBuffer dx(xb.size() * 2);
-  dx.upload(xb.data(), xb.size() * 2);
+  const cuda::DeviceBuffer dx = random_x(M, KX, seed, xf);
   const uint16_t* x = dx.as<const uint16_t>();
   std::vector<int64_t> rows = {0, 1, 7, 8, 31, 32, 63, M - 1};
   if (M > 64) rows.insert(rows.end(), {64, 65, M / 2, M - 2});
@@ -125,11 +131,8 @@ void run_case(cuda::Context& ctx, const Case& c, Fp8Scales scales, uint64_t seed
                                     << " of " << dw.chunks);
     check_bits(ctx, dw, M, seed * 31 + uint64_t(M));
     if (M > max_ref_m) continue;
-    std::vector<uint16_t> xb;
     std::vector<float> xf;
-    random_bf16(size_t(M * KX), seed * 17 + uint64_t(M), 2.0f, xb, xf);
-    cuda::DeviceBuffer dx(xb.size() * 2);
-    dx.upload(xb.data(), xb.size() * 2);
+    const cuda::DeviceBuffer dx = random_x(M, KX, seed * 17 + uint64_t(M), xf);
     gputest::check_linear_outputs(M, c.N, gputest::reference_linear(w, c.groups, xf, M),
                                   [&](void* y, int64_t ldy, cuda::OutType ot) {
                                     cuda::linear_fp8_prefill(ctx, dw, dx.as<const uint16_t>(), M, KX, y, ldy, ot);
@@ -185,11 +188,8 @@ TEST(GpuFp8Prefill, EngineChoiceIsChunkingInvariant) {
   cuda::Context ctx;
   const int64_t N = 1024, K = 4096, M = 4 * cuda::kFp8PrefillMinM + 5;
   cuda::DeviceFp8Linear dw = cuda::upload_fp8(random_fp8(N, K, 77, Fp8Scales::E8M0));
-  std::vector<uint16_t> xb;
   std::vector<float> xf;
-  random_bf16(size_t(M * K), 78, 2.0f, xb, xf);
-  cuda::DeviceBuffer dx(xb.size() * 2);
-  dx.upload(xb.data(), xb.size() * 2);
+  const cuda::DeviceBuffer dx = random_x(M, K, 78, xf);
   const uint16_t* x = dx.as<const uint16_t>();
   auto engine = [&](int64_t m0, int64_t rows, void* y, int64_t ldy) {
     return cuda::linear_fp8(ctx, dw, x + m0 * K, rows, K, static_cast<uint16_t*>(y) + m0 * ldy, ldy,

@@ -14,8 +14,50 @@
 
 #include <cstdint>
 
+#include "backend/cuda/cuda_fp8_linear.h"
 #include "backend/cuda/fp8_pack.h"
 #include "backend/cuda/sm90_nvfp4.cuh"
+
+namespace cm::cuda {
+
+// The weight, activation and output arguments of the FP8 linear kernels
+// (decode and prefill take them as the base of their parameter struct).
+struct Fp8Args {
+  const uint4* w;
+  const float* s;
+  int64_t chunks;
+  int scale_cols;
+  int N, K, row_blocks;
+  int rows_per_group;
+  const __nv_bfloat16* x;  // [M, ldx]
+  int64_t ldx;
+  int M;
+  void* y;  // [M, ldy], bf16 (y_bf16) or f32
+  int64_t ldy;
+  int y_bf16;
+};
+
+inline Fp8Args fp8_args(const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
+                        OutType out) {
+  Fp8Args a{};
+  a.w = w.data.as<const uint4>();
+  a.s = w.scales.as<const float>();
+  a.chunks = w.chunks;
+  a.scale_cols = int(w.scale_cols);
+  a.N = int(w.N);
+  a.K = int(w.K);
+  a.row_blocks = int(w.row_blocks);
+  a.rows_per_group = int(w.N / w.groups);
+  a.x = reinterpret_cast<const __nv_bfloat16*>(x);
+  a.ldx = ldx;
+  a.M = int(M);
+  a.y = y;
+  a.ldy = ldy;
+  a.y_bf16 = out == OutType::BF16;
+  return a;
+}
+
+}  // namespace cm::cuda
 
 namespace cm::cuda::sm90 {
 

@@ -21,19 +21,7 @@ namespace cm::cuda {
 
 namespace {
 
-struct Fp8DecodeParams {
-  const uint4* w;
-  const float* s;
-  int64_t chunks;
-  int scale_cols;
-  int N, K, row_blocks;
-  int rows_per_group;
-  const __nv_bfloat16* x;
-  int64_t ldx;
-  int M;
-  void* y;
-  int64_t ldy;
-  int y_bf16;
+struct Fp8DecodeParams : Fp8Args {
   int ksplit;
   int chunks_per_split;
   float* partials;
@@ -138,20 +126,7 @@ template <int MT>
 void launch_decode(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                    int64_t ldy, OutType out) {
   Fp8DecodeParams p{};
-  p.w = w.data.as<const uint4>();
-  p.s = w.scales.as<const float>();
-  p.chunks = w.chunks;
-  p.scale_cols = int(w.scale_cols);
-  p.N = int(w.N);
-  p.K = int(w.K);
-  p.row_blocks = int(w.row_blocks);
-  p.rows_per_group = int(w.N / w.groups);
-  p.x = reinterpret_cast<const __nv_bfloat16*>(x);
-  p.ldx = ldx;
-  p.M = int(M);
-  p.y = y;
-  p.ldy = ldy;
-  p.y_bf16 = out == OutType::BF16;
+  static_cast<Fp8Args&>(p) = fp8_args(w, x, M, ldx, y, ldy, out);
   if (fp8_decode_unsplit(ctx, w)) {
     // Many row blocks (wq_b): one CTA per row block, no split, the plain loop.
     p.ksplit = 1;

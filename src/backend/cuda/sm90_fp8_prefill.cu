@@ -62,19 +62,9 @@ constexpr int kRedFloats = 4 * kTile * 16;           // one row group's reduce a
 static_assert(kRG * kRedFloats * 4 <= kBufBytes, "the reduce area reuses a stage buffer");
 static_assert(kBufBytes % 16 == 0 && kXBytes % 16 == 0, "16-byte cp.async alignment");
 
-struct Fp8PrefillParams {
-  const uint4* w;
-  const float* s;
-  int chunks, scale_cols;
-  int N, K, row_blocks;
+struct Fp8PrefillParams : Fp8Args {
   int rbs_per_group;   // row blocks of one group (all of them for groups = 1)
   int ctas_per_group;  // CTAs along N per group
-  const __nv_bfloat16* x;
-  int64_t ldx;
-  int M;
-  void* y;
-  int64_t ldy;
-  int y_bf16;
   int ksplit, chunks_per_split;
   int stages_per_split;  // stages of 4 chunks in a full split
   int stages;            // in all splits
@@ -103,7 +93,7 @@ struct StageChunks {
 __device__ __forceinline__ StageChunks stage_chunks(const Fp8PrefillParams& p, int st) {
   const int sp = st / p.stages_per_split, q = st % p.stages_per_split;
   const int cb = sp * p.chunks_per_split;
-  const int ce = min(p.chunks, cb + p.chunks_per_split);
+  const int ce = min(int(p.chunks), cb + p.chunks_per_split);
   return StageChunks{cb + 4 * q, ce, cb + 4 * (q + 1) >= ce};
 }
 
@@ -275,21 +265,9 @@ void linear_fp8_prefill(Context& ctx, const DeviceFp8Linear& w, const uint16_t* 
               "linear '%s': %lld rows x %lld outputs exceed the prefill grid", w.name.c_str(), (long long)M,
               (long long)w.N);
   Fp8PrefillParams p{};
-  p.w = w.data.as<const uint4>();
-  p.s = w.scales.as<const float>();
-  p.chunks = int(w.chunks);
-  p.scale_cols = int(w.scale_cols);
-  p.N = int(w.N);
-  p.K = int(w.K);
-  p.row_blocks = int(w.row_blocks);
+  static_cast<Fp8Args&>(p) = fp8_args(w, x, M, ldx, y, ldy, out);
   p.rbs_per_group = int(rbs_per_group);
   p.ctas_per_group = int(ctas_per_group);
-  p.x = reinterpret_cast<const __nv_bfloat16*>(x);
-  p.ldx = ldx;
-  p.M = int(M);
-  p.y = y;
-  p.ldy = ldy;
-  p.y_bf16 = out == OutType::BF16;
   const int64_t per = fp8_chunks_per_split(ctx, w);
   const int64_t ksplit = (w.chunks + per - 1) / per;
   p.ksplit = int(ksplit);
