@@ -52,7 +52,8 @@ enum class Fp8Prefill : uint8_t { Fast, Exact };
 // below it the decode kernel (same bits either way: a speed choice only).
 // At 128 rows the prefill kernel reads each weight chunk twice (two 64-token
 // tiles) where the decode kernel reads it four times (four 32-token slices);
-// below that its grid of (N/64) x (M/64) CTAs is too small to fill the GPU.
+// below that its (M/64) x (N/64) work items of 64 x 64 outputs leave most SMs
+// idle (q_a at M = 128: 32 items for 132 SMs).
 inline constexpr int64_t kFp8PrefillMinM = 128;
 
 // Repacks on the host and uploads. groups > 1 needs N divisible by 16*groups.

@@ -2,15 +2,18 @@
 //
 // At prefill (M in the thousands) the decode kernel (sm90_fp8_linear.cu) runs
 // on 32-token slices and re-reads and re-expands every weight chunk once per
-// slice. This kernel takes a 64-token tile and 4 row blocks (64 rows) per CTA
-// (8 warps: 2 row groups x 4 K warps, each warp two 16-row blocks). Four K
-// chunks of the tile's activations and each warp's own weight chunks are
-// staged in shared memory by cp.async, four stages in flight, so each weight
-// word is loaded and expanded once per 64 tokens and each activation read
-// from L2 once per 64 rows. (The MoE prefill kernel, sm90_nvfp4_moe.cu, is the
-// same structure for NVFP4.) Registers: a warp holds 64 accumulators and its
-// 32 expanded A operands; ptxas uses ~210-230 registers here, so 8 warps per
-// SM (12 warps, capped at 168 registers, spill).
+// slice. This kernel's work item is a 64-token tile x 64 rows (4 row blocks),
+// done by one CTA of 8 warps (2 row groups x 4 K warps, each warp two 16-row
+// blocks). Four K chunks of the tile's activations and each warp's own weight
+// chunks are staged in shared memory by cp.async, four stages in flight, so
+// each weight word is loaded and expanded once per 64 tokens and each
+// activation read from L2 once per 64 rows. (The MoE prefill kernel,
+// sm90_nvfp4_moe.cu, is the same structure for NVFP4.) The grid is one CTA
+// per SM, each working through its items with the pipeline running on from
+// one item into the next (no exposed pipeline fill per item: wq_b's K = 1024
+// is only 4 stages). Registers: a warp holds 64 accumulators and its 32
+// expanded A operands; ptxas uses ~220-240 registers, so 8 warps per SM (12
+// warps, capped at 168 registers, spill).
 //
 // Bit identity with the decode kernel, per output (the engine needs a token's
 // logits not to depend on how many rows share the step or how the prompt was
@@ -64,10 +67,12 @@ static_assert(kBufBytes % 16 == 0 && kXBytes % 16 == 0, "16-byte cp.async alignm
 
 struct Fp8PrefillParams : Fp8Args {
   int rbs_per_group;   // row blocks of one group (all of them for groups = 1)
-  int ctas_per_group;  // CTAs along N per group
+  int ctas_per_group;  // 64-row blocks of CTA work along N per group
+  int tiles;           // 64-token tiles
+  int items;           // tiles x 64-row blocks of all groups: the work items
   int ksplit, chunks_per_split;
   int stages_per_split;  // stages of 4 chunks in a full split
-  int stages;            // in all splits
+  int stages;            // in all splits: stages per item
 };
 
 // 16-byte global -> shared copy (L2 only); src_bytes 0 fills the 16 bytes with zeros.
@@ -109,8 +114,28 @@ __device__ __forceinline__ void chunk_tile_mma(const uint32_t (&a)[4][4], const 
   for (int i = 0; i < 4; ++i) acc[i] = fmaf(tmp[i], scale, acc[i]);
 }
 
-// grid (token tiles, CTAs along N): tile blockIdx.x, row blocks
-// [rb_base, rb_base + kRowBlocks) of group blockIdx.y / ctas_per_group.
+// A work item: 64-token tile `tile`, row blocks [rb_base, rb_base + kRowBlocks)
+// (those < rb_end) of group grp. Items are numbered tile-fastest, so the CTAs
+// working at the same time share weight rows (read from L2 once for all).
+struct Item {
+  int m0, rows;  // first token, tokens present (<= kTile)
+  int grp, rb_base, rb_end;
+};
+__device__ __forceinline__ Item item_at(const Fp8PrefillParams& p, int idx) {
+  const int tile = idx % p.tiles, cn = idx / p.tiles;
+  Item it;
+  it.m0 = tile * kTile;
+  it.rows = min(kTile, p.M - it.m0);
+  it.grp = cn / p.ctas_per_group;
+  it.rb_base = it.grp * p.rbs_per_group + (cn % p.ctas_per_group) * kRowBlocks;
+  it.rb_end = min((it.grp + 1) * p.rbs_per_group, p.row_blocks);
+  return it;
+}
+
+// Persistent: CTA b works on items b, b + gridDim.x, ... one after the other,
+// and the cp.async pipeline runs on across items (stage st is stage
+// st % p.stages of the CTA's item st / p.stages), so the next item's first
+// loads overlap this item's last chunks and its epilogue.
 // SPLIT: ksplit > 1 (running sum over the splits).
 template <bool SPLIT>
 __global__ void __launch_bounds__(kThreads, 1) fp8_prefill_kernel(const Fp8PrefillParams p) {
@@ -118,56 +143,43 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_prefill_kernel(const Fp8Prefi
   extern __shared__ __align__(16) unsigned char pf_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int kw = warp & 3, r = warp >> 2, tid = threadIdx.x & 127;
-  const int m0 = blockIdx.x * kTile;
-  const int grp = blockIdx.y / p.ctas_per_group;
-  const int rb_base = grp * p.rbs_per_group + (blockIdx.y % p.ctas_per_group) * kRowBlocks;
-  const int rb_end = min((grp + 1) * p.rbs_per_group, p.row_blocks);
-  int rb[kNA];
-  bool rok[kNA];
-  const uint4* wsrc[kNA];
-  const float* srow[kNA];
-#pragma unroll
-  for (int a = 0; a < kNA; ++a) {
-    rb[a] = rb_base + kNA * r + a;
-    rok[a] = rb[a] < rb_end;
-    const int rbc = rok[a] ? rb[a] : 0;
-    wsrc[a] = p.w + int64_t(rbc) * p.chunks * 64 + lane;
-    srow[a] = p.s + int64_t(rbc / 8) * p.scale_cols;
-  }
+  const int n_items = blockIdx.x < p.items ? (p.items - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const int total = n_items * p.stages;
   dev::pdl_wait_and_release();  // x is the previous kernel's output
-  const int rows = min(kTile, p.M - m0);
-  const __nv_bfloat16* const xsrc = p.x + int64_t(m0) * p.ldx + int64_t(grp) * p.K;
   const uint32_t sm0 = uint32_t(__cvta_generic_to_shared(pf_smem));
   const uint32_t wdst = sm0 + uint32_t(kXBytes + (warp * kNA * 64 + lane) * 16);
-  // Stage st into buffer st % kBufs: the tile's activations of the stage's 4
+  // Stage st into buffer st % kBufs: the item's activations of the stage's 4
   // chunks (zeros for absent tokens, chunks past the split and k past K, as
-  // the decode kernel's loads) and each warp's weight chunk c0 + kw.
+  // the decode kernel's loads) and each warp's weight chunk c0 + kw of its
+  // two row blocks (zeros past the item's rows).
   auto stage = [&](int st) {
-    if (st < p.stages) {
-      const StageChunks sc = stage_chunks(p, st);
+    if (st < total) {
+      const Item it = item_at(p, int(blockIdx.x) + (st / p.stages) * int(gridDim.x));
+      const StageChunks sc = stage_chunks(p, st % p.stages);
       const uint32_t bo = uint32_t((st % kBufs) * kBufBytes);
+      const __nv_bfloat16* const xsrc = p.x + int64_t(it.m0) * p.ldx + int64_t(it.grp) * p.K;
       for (int i = threadIdx.x; i < 4 * kTile * 8; i += kThreads) {
         const int q = i / (kTile * 8), row = (i / 8) % kTile, piece = i % 8;
         const int c = sc.c0 + q, k = c * 64 + 8 * piece;
-        const bool ok = row < rows && c < sc.c_end && k < p.K;
+        const bool ok = row < it.rows && c < sc.c_end && k < p.K;
         cp_async16(sm0 + bo + uint32_t(((q * kTile + row) * kPitch + 8 * piece) * 2),
                    ok ? xsrc + int64_t(row) * p.ldx + k : p.x, ok ? 16 : 0);
       }
       const int c = sc.c0 + kw;
 #pragma unroll
       for (int a = 0; a < kNA; ++a) {
-        const bool ok = c < sc.c_end && rok[a];
+        const int rb = it.rb_base + kNA * r + a;
+        const bool ok = c < sc.c_end && rb < it.rb_end;
+        const uint4* const src = p.w + (int64_t(ok ? rb : 0) * p.chunks + (ok ? c : 0)) * 64 + lane;
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          cp_async16(wdst + bo + uint32_t((a * 64 + 32 * h) * 16), ok ? wsrc[a] + int64_t(c) * 64 + 32 * h : p.w,
-                     ok ? 16 : 0);
+        for (int h = 0; h < 2; ++h) cp_async16(wdst + bo + uint32_t((a * 64 + 32 * h) * 16), src + 32 * h, ok ? 16 : 0);
       }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");  // empty past the end: the wait count stays uniform
   };
 
   float acc[kNA][kMT][4];
-  float run[kNA][SPLIT ? kMT : 1];  // SPLIT: the sum of the finished splits
+  float run[kNA][SPLIT ? kMT : 1];  // SPLIT: the sum of the item's finished splits
 #pragma unroll
   for (int a = 0; a < kNA; ++a) {
 #pragma unroll
@@ -175,30 +187,30 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_prefill_kernel(const Fp8Prefi
 #pragma unroll
     for (int q = 0; q < (SPLIT ? kMT : 1); ++q) run[a][q] = 0.f;
   }
-  float vals[kNA][kMT];
 #pragma unroll
   for (int st = 0; st < kBufs - 1; ++st) stage(st);
-  for (int st = 0; st < p.stages; ++st) {
+  for (int st = 0; st < total; ++st) {
     stage(st + kBufs - 1);  // into the buffer computed at st - 1 (released by its closing barrier)
     asm volatile("cp.async.wait_group %0;" ::"n"(kBufs - 1) : "memory");
     __syncthreads();
-    const StageChunks sc = stage_chunks(p, st);
+    const Item it = item_at(p, int(blockIdx.x) + (st / p.stages) * int(gridDim.x));
+    const int rb0 = it.rb_base + kNA * r;  // this warp's row blocks rb0, rb0 + 1
+    const StageChunks sc = stage_chunks(p, st % p.stages);
     const int c = sc.c0 + kw;
-    const unsigned char* const buf = pf_smem + (st % kBufs) * kBufBytes;
     if (c < sc.c_end) {
       float scale[kNA];
       uint32_t af[kNA][4][4];
 #pragma unroll
       for (int a = 0; a < kNA; ++a) {
-        scale[a] = rok[a] ? __ldg(srow[a] + (c >> 1)) : 0.f;
-        const uint4* const ws = reinterpret_cast<const uint4*>(buf + kXBytes) + (warp * kNA + a) * 64 + lane;
+        const int rb = rb0 + a < it.rb_end ? rb0 + a : 0;
+        scale[a] = __ldg(p.s + int64_t(rb / 8) * p.scale_cols + (c >> 1));
+        const uint4* const ws =
+            reinterpret_cast<const uint4*>(pf_smem + (st % kBufs) * kBufBytes + kXBytes) + (warp * kNA + a) * 64 + lane;
         const uint4 w0 = ws[0], w1 = ws[32];
 #pragma unroll
         for (int j = 0; j < 4; ++j) fp8_step_a(w0, w1, j, af[a][j]);
       }
-      // Token group mt's activations are loaded while group mt - 1 is multiplied
-      // (volatile loads: the compiler would otherwise hoist all eight groups'
-      // 64 registers and spill).
+      // Token group mt's activations are loaded while group mt - 1 is multiplied.
       const uint32_t xt = sm0 + uint32_t((st % kBufs) * kBufBytes + ((kw * kTile + g) * kPitch + 16 * t) * 2);
       uint4 xv[2][2];
       lds128x2(xt, xv[0]);
@@ -210,39 +222,37 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_prefill_kernel(const Fp8Prefi
       }
     }
     __syncthreads();  // this buffer is staged again at st + 1
-    if constexpr (SPLIT) {
-      if (sc.last) {
-        // The split's value (the decode kernel's partial), reduced in this
-        // stage's buffer (free until stage st + kBufs is issued at st + 1),
-        // added to the running sum in split order.
-        float* const red = reinterpret_cast<float*>(pf_smem + (st % kBufs) * kBufBytes) + r * kRedFloats;
+    if (!sc.last) continue;
+    // The split's value (the decode kernel's partial tile), reduced in this
+    // stage's buffer (free until stage st + kBufs is issued at st + 1); with
+    // several splits added to the running sum in split order.
+    float* const red = reinterpret_cast<float*>(pf_smem + (st % kBufs) * kBufBytes) + r * kRedFloats;
+    float vals[kNA][kMT];
 #pragma unroll
-        for (int a = 0; a < kNA; ++a) {
-          reduce_warps_group<kMT>(acc[a], red, kw, tid, vals[a]);
+    for (int a = 0; a < kNA; ++a) {
+      reduce_warps_group<kMT>(acc[a], red, kw, tid, vals[a]);
 #pragma unroll
-          for (int q = 0; q < kMT; ++q) run[a][q] += vals[a][q];
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) acc[a][mt][0] = acc[a][mt][1] = acc[a][mt][2] = acc[a][mt][3] = 0.f;
-        }
-      }
+      for (int mt = 0; mt < kMT; ++mt) acc[a][mt][0] = acc[a][mt][1] = acc[a][mt][2] = acc[a][mt][3] = 0.f;
     }
-  }
-  if constexpr (SPLIT) {
+    if constexpr (SPLIT) {
+      const bool item_done = st % p.stages == p.stages - 1;
+#pragma unroll
+      for (int a = 0; a < kNA; ++a)
+#pragma unroll
+        for (int q = 0; q < kMT; ++q) {
+          run[a][q] += vals[a][q];
+          vals[a][q] = run[a][q];
+          if (item_done) run[a][q] = 0.f;
+        }
+      if (!item_done) continue;
+    }
+    const size_t esize = p.y_bf16 ? 2 : 4;
+    void* const yt = static_cast<char*>(p.y) + size_t(int64_t(it.m0) * p.ldy) * esize;
 #pragma unroll
     for (int a = 0; a < kNA; ++a)
-#pragma unroll
-      for (int q = 0; q < kMT; ++q) vals[a][q] = run[a][q];
-  } else {
-    asm volatile("cp.async.wait_group 0;" ::: "memory");  // only empty groups remain; the buffers are free
-    float* const red = reinterpret_cast<float*>(pf_smem) + r * kRedFloats;
-#pragma unroll
-    for (int a = 0; a < kNA; ++a) reduce_warps_group<kMT>(acc[a], red, kw, tid, vals[a]);
+      if (rb0 + a < it.rb_end) store_tile_group<kMT>(vals[a], tid, rb0 + a, it.rows, p.N, yt, p.ldy, p.y_bf16 != 0, 1.0f);
   }
-  const size_t esize = p.y_bf16 ? 2 : 4;
-  void* const yt = static_cast<char*>(p.y) + size_t(int64_t(m0) * p.ldy) * esize;
-#pragma unroll
-  for (int a = 0; a < kNA; ++a)
-    if (rok[a]) store_tile_group<kMT>(vals[a], tid, rb[a], rows, p.N, yt, p.ldy, p.y_bf16 != 0, 1.0f);
+  asm volatile("cp.async.wait_group 0;" ::: "memory");  // only empty groups remain
 }
 
 }  // namespace
@@ -261,20 +271,24 @@ void linear_fp8_prefill(Context& ctx, const DeviceFp8Linear& w, const uint16_t* 
   const int64_t tiles = (M + kTile - 1) / kTile;
   const int64_t rbs_per_group = w.row_blocks / w.groups;  // whole row blocks per group (check_upload_shape)
   const int64_t ctas_per_group = (rbs_per_group + kRowBlocks - 1) / kRowBlocks;
-  CM_CU_CHECK(tiles < (int64_t(1) << 31) && ctas_per_group * w.groups <= 65535 && M < (int64_t(1) << 31),
-              "linear '%s': %lld rows x %lld outputs exceed the prefill grid", w.name.c_str(), (long long)M,
-              (long long)w.N);
+  const int64_t items = tiles * ctas_per_group * w.groups;
+  CM_CU_CHECK(items < (int64_t(1) << 31) && M < (int64_t(1) << 31),
+              "linear '%s': %lld rows x %lld outputs exceed the prefill kernel's work index", w.name.c_str(),
+              (long long)M, (long long)w.N);
   Fp8PrefillParams p{};
   static_cast<Fp8Args&>(p) = fp8_args(w, x, M, ldx, y, ldy, out);
   p.rbs_per_group = int(rbs_per_group);
   p.ctas_per_group = int(ctas_per_group);
+  p.tiles = int(tiles);
+  p.items = int(items);
   const int64_t per = fp8_chunks_per_split(ctx, w);
   const int64_t ksplit = (w.chunks + per - 1) / per;
   p.ksplit = int(ksplit);
   p.chunks_per_split = int(per);
   p.stages_per_split = int((per + 3) / 4);
   p.stages = int((ksplit - 1) * p.stages_per_split + (w.chunks - (ksplit - 1) * per + 3) / 4);
-  const dim3 grid(unsigned(tiles), unsigned(ctas_per_group * w.groups));
+  // One CTA per SM (kSmem), each working through its share of the items.
+  const dim3 grid(unsigned(std::min<int64_t>(items, ctx.sm_count())));
   if (ksplit > 1)
     launch_kernel(ctx, fp8_prefill_kernel<true>, grid, dim3(kThreads), kSmem, "fp8_prefill_kernel", p);
   else
