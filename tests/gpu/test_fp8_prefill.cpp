@@ -12,15 +12,17 @@
 //  - the prefill path matches the CPU reference (linear_check.h bounds) and
 //    writes nothing outside its output (canaries before, after and between
 //    rows, also checked on every bit-comparison run);
-//  - the engine's entry (run_linear) picks the prefill kernel from
-//    kFp8PrefillMinM rows; the shapes cover split and unsplit K.
+//  - the engine's entry (run_linear) gives a prompt in chunks the bits of the
+//    whole, across kFp8PrefillMinM; the shapes cover split and unsplit K.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "../release_weights.h"
 #include "backend/cuda/cuda_fp8_linear.h"
+#include "backend/cuda/device_model.h"
 #include "gpu_test_util.h"
 #include "linear_check.h"
 
@@ -181,32 +183,46 @@ TEST(GpuFp8Prefill, ShapesCoverSplitAndUnsplitK) {
   EXPECT_EQ(splits(16900, 384, 1), 1);
 }
 
-// The engine's entry: from kFp8PrefillMinM rows run_linear's FP8 call is the
-// prefill kernel, and a chunked prompt gives the same bits as the whole.
-TEST(GpuFp8Prefill, EngineChoiceIsChunkingInvariant) {
+// The engine's entry (run_linear, which runs the prefill kernel from
+// kFp8PrefillMinM rows): a prompt in chunks on either side of that threshold
+// gives the same bits as the whole, as the decode kernel and as the prefill kernel.
+TEST(GpuFp8Prefill, RunLinearIsChunkingInvariant) {
   CM_SKIP_WITHOUT_GPU();
   cuda::Context ctx;
   const int64_t N = 1024, K = 4096, M = 4 * cuda::kFp8PrefillMinM + 5;
-  cuda::DeviceFp8Linear dw = cuda::upload_fp8(random_fp8(N, K, 77, Fp8Scales::E8M0));
+  cuda::DevLinear dl;
+  dl.name = "test.fp8";
+  dl.format = WeightFormat::FP8_BLOCK;
+  dl.N = N;
+  dl.K = K;
+  dl.fp8 = std::make_unique<cuda::DeviceFp8Linear>(cuda::upload_fp8(random_fp8(N, K, 77, Fp8Scales::E8M0)));
   std::vector<float> xf;
   const cuda::DeviceBuffer dx = random_x(M, K, 78, xf);
   const uint16_t* x = dx.as<const uint16_t>();
-  auto engine = [&](int64_t m0, int64_t rows, void* y, int64_t ldy) {
-    return cuda::linear_fp8(ctx, dw, x + m0 * K, rows, K, static_cast<uint16_t*>(y) + m0 * ldy, ldy,
-                            cuda::OutType::BF16, cuda::kFp8PrefillMinM - 1, cuda::Fp8Prefill::Exact);
+  auto rows = [&](int64_t m0, int64_t count, void* y, int64_t ldy) {
+    cuda::run_linear(ctx, dl, x + m0 * K, true, count, K, static_cast<uint16_t*>(y) + m0 * ldy, true, ldy, nullptr);
   };
-  const std::vector<uint8_t> whole = run_guarded(M, N, cuda::OutType::BF16, [&](void* y, int64_t ldy) {
-    EXPECT_STREQ(engine(0, M, y, ldy), cuda::kFp8PathPrefill);
-  });
-  // chunks of 200 (prefill), 127 (decode), the rest (prefill) and 1 (decode)
+  const std::vector<uint8_t> whole =
+      run_guarded(M, N, cuda::OutType::BF16, [&](void* y, int64_t ldy) { rows(0, M, y, ldy); });
+  // chunks of 200 (prefill kernel), 127 (decode), 189 (prefill) and 1 (decode)
   const std::vector<uint8_t> chunked = run_guarded(M, N, cuda::OutType::BF16, [&](void* y, int64_t ldy) {
-    EXPECT_STREQ(engine(0, 200, y, ldy), cuda::kFp8PathPrefill);
-    EXPECT_STREQ(engine(200, 127, y, ldy), cuda::kFp8PathDecode);
-    EXPECT_STREQ(engine(327, M - 328, y, ldy), M - 328 >= cuda::kFp8PrefillMinM ? cuda::kFp8PathPrefill
-                                                                                   : cuda::kFp8PathDecode);
-    EXPECT_STREQ(engine(M - 1, 1, y, ldy), cuda::kFp8PathDecode);
+    rows(0, 200, y, ldy);
+    rows(200, 127, y, ldy);
+    rows(327, M - 328, y, ldy);
+    rows(M - 1, 1, y, ldy);
   });
   EXPECT_EQ(first_diff(whole, chunked, N, 2), "");
+  const std::vector<uint8_t> dec = run_guarded(M, N, cuda::OutType::BF16, [&](void* y, int64_t ldy) {
+    EXPECT_STREQ(cuda::linear_fp8(ctx, *dl.fp8, x, M, K, y, ldy, cuda::OutType::BF16, kDecodeOnly),
+                 cuda::kFp8PathDecode);
+  });
+  EXPECT_EQ(first_diff(whole, dec, N, 2), "");
+  const std::vector<uint8_t> pre = run_guarded(M, N, cuda::OutType::BF16, [&](void* y, int64_t ldy) {
+    EXPECT_STREQ(cuda::linear_fp8(ctx, *dl.fp8, x, M, K, y, ldy, cuda::OutType::BF16, cuda::kFp8PrefillMinM - 1,
+                                  cuda::Fp8Prefill::Exact),
+                 cuda::kFp8PathPrefill);
+  });
+  EXPECT_EQ(first_diff(whole, pre, N, 2), "");
 }
 
 }  // namespace
