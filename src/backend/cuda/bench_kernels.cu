@@ -137,7 +137,30 @@ const Shape kShapes[] = {
     {"attn wo_b 8192->4096", 4096, 8192, 1},      {"head 4096->129280", 129280, 4096, 1},
 };
 
+// y[M, N] = x[M, G*K] * W^T for a BF16 weight of G groups [N/G, K] (cuBLAS, FP32 compute): the baseline.
+void cublas_bf16(cublasHandle_t h, int64_t N, int64_t K, int64_t G, int64_t M, const void* w, const uint16_t* x,
+                 void* y) {
+  const float alpha = 1.f, beta = 0.f;
+  const int64_t ng = N / G;
+  check_cublas(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(ng), int(M), int(K), &alpha, w, CUDA_R_16BF,
+                                          int(K), ng * K, x, CUDA_R_16BF, int(G * K), K, &beta, y, CUDA_R_16BF, int(N),
+                                          ng, int(G), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmStridedBatchedEx");
+}
+
 int copies_for(double bytes) { return int(std::clamp(std::ceil(256e6 / bytes), 1.0, 128.0)); }
+
+// A linear row's identifying columns.
+KernelBenchRow linear_row(const char* name, int64_t M, int64_t N, int64_t K, int groups) {
+  KernelBenchRow r;
+  r.kind = "linear";
+  r.name = name;
+  r.M = M;
+  r.N = N;
+  r.K = K;
+  r.groups = groups;
+  return r;
+}
 
 // Derived columns of a row from its measured time (r.us), the bytes it must
 // move and its flops.
@@ -178,19 +201,9 @@ void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, d
           },
           wcopies, opt.repeats);
     }
-    const float alpha = 1.f, beta = 0.f;
-    const int64_t ng = N / G;
     const double cublas_us = time_calls(
-        ctx,
-        [&](int i) {
-          const void* wp = bw.as<char>() + bf_bytes * size_t(i);
-          check_cublas(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(ng), int(M), int(K), &alpha, wp,
-                                                  CUDA_R_16BF, int(K), ng * K, xp, CUDA_R_16BF, int(KX), K, &beta,
-                                                  y.get(), CUDA_R_16BF, int(N), ng, int(G), CUBLAS_COMPUTE_32F,
-                                                  CUBLAS_GEMM_DEFAULT),
-                       "cublasGemmStridedBatchedEx");
-        },
-        bcopies, opt.repeats);
+        ctx, [&](int i) { cublas_bf16(h, N, K, G, M, bw.as<char>() + bf_bytes * size_t(i), xp, y.get()); }, bcopies,
+        opt.repeats);
     // (kernel, decode_max_m): the default first; M > 64 also the other of wgmma and dequant + cuBLAS;
     // 16 < M <= 64 also the wgmma kernel in place of the decode kernel
     std::vector<std::pair<PrefillKernel, int64_t>> kernels{{PrefillKernel::Auto, 64}};
@@ -208,13 +221,7 @@ void bench_linear(Context& ctx, const KernelBenchOptions& opt, const Shape& s, d
     for (const auto& kd : kernels) {
       const PrefillKernel pk = kd.first;
       const int64_t dmax = kd.second;
-      KernelBenchRow r;
-      r.kind = "linear";
-      r.name = s.name;
-      r.M = M;
-      r.N = N;
-      r.K = K;
-      r.groups = int(G);
+      KernelBenchRow r = linear_row(s.name, M, N, K, int(G));
       r.path = linear_nvfp4_path(ws[0], M, dmax, pk);
       r.us = time_calls(
           ctx, [&](int i) { linear_nvfp4(ctx, ws[size_t(i)], xp, M, KX, y.get(), N, OutType::BF16, dmax, pk); },
@@ -298,16 +305,24 @@ void bench_moe(Context& ctx, const KernelBenchOptions& opt, double copy_gbs, Ker
 // of the weight (packed FP8 + f32 block scales; for MXFP4 the NVFP4 layout,
 // one scale byte per 16) + activations + output. The cuBLAS BF16 baseline and
 // the NVFP4 path label are taken from the NVFP4 row of the same shape and M
-// when this run measured it (0 = not run).
+// when this run measured it (0 = not run); FP8 shapes without one time cuBLAS
+// here. FP8 at M > 64 gets three rows: the default path (dequant + cuBLAS),
+// the decode kernel over 32-token slices and the prefill kernel (both with
+// the decode bits); "[engine]" marks the one the engine runs (run_linear).
 void bench_release_formats(Context& ctx, const KernelBenchOptions& opt, double copy_gbs, KernelBenchResult& res) {
   struct Rel {
     const char* name;
     bool fp8;
     int64_t N, K;
+    int groups;
   };
-  const Rel shapes[] = {{"fp8 q_a 4096->1024", true, 1024, 4096},       {"fp8 q_b 1024->32768", true, 32768, 1024},
-                        {"fp8 wo_b 8192->4096", true, 4096, 8192},      {"mxfp4 gate/up 4096->2048", false, 2048, 4096},
-                        {"mxfp4 down 2048->4096", false, 4096, 2048}};
+  const Rel shapes[] = {{"fp8 q_a 4096->1024", true, 1024, 4096, 1},
+                        {"fp8 q_b 1024->32768", true, 32768, 1024, 1},
+                        {"fp8 wo_a 8x 4096->1024", true, 8192, 4096, 8},
+                        {"fp8 wo_b 8192->4096", true, 4096, 8192, 1},
+                        {"fp8 shared w1/w3 4096->2048", true, 2048, 4096, 1},
+                        {"mxfp4 gate/up 4096->2048", false, 2048, 4096, 1},
+                        {"mxfp4 down 2048->4096", false, 4096, 2048, 1}};
   const int64_t mmax = *std::max_element(opt.ms.begin(), opt.ms.end());
   auto clone = [](const DeviceBuffer& b) {
     DeviceBuffer c(b.size());
@@ -335,7 +350,7 @@ void bench_release_formats(Context& ctx, const KernelBenchOptions& opt, double c
   };
   for (const Rel& s : shapes) {
     if (!opt.only.empty() && std::string(s.name).find(opt.only) == std::string::npos) continue;
-    const int64_t N = s.N, K = s.K;
+    const int64_t N = s.N, K = s.K, KX = K * s.groups;
     std::mt19937_64 rng(uint64_t(N * 7 + K));
     LinearWeight w;
     w.name = s.name;
@@ -362,7 +377,7 @@ void bench_release_formats(Context& ctx, const KernelBenchOptions& opt, double c
     w.scale_dtype = DType::F8_E8M0;
     std::vector<DeviceFp8Linear> f8;
     std::vector<DeviceLinear> f4;
-    if (s.fp8) f8.push_back(upload_fp8(w));
+    if (s.fp8) f8.push_back(upload_fp8(w, s.groups));
     else f4.push_back(upload_nvfp4(w));
     const size_t data_bytes = s.fp8 ? f8[0].data.size() : f4[0].data.size();
     const double wbytes = double(s.fp8 ? f8[0].device_bytes() : f4[0].device_bytes());
@@ -371,10 +386,13 @@ void bench_release_formats(Context& ctx, const KernelBenchOptions& opt, double c
       if (s.fp8) f8.push_back(clone_linear(f8[0]));
       else f4.push_back(clone_linear(f4[0]));
     }
-    DeviceBuffer x(size_t(mmax * K) * 2), y(size_t(mmax * N) * 2);
-    fill_bf16(x.get(), mmax * K, 5);
+    DeviceBuffer x(size_t(mmax * KX) * 2), y(size_t(mmax * N) * 2);
+    fill_bf16(x.get(), mmax * KX, 5);
     CM_CUDA(cudaDeviceSynchronize());
     const uint16_t* xp = x.as<const uint16_t>();
+    DeviceBuffer bw;  // BF16 weights for the cuBLAS baseline, filled when first needed
+    const size_t bf_bytes = size_t(N * K) * 2;
+    const int bcopies = copies_for(double(bf_bytes));
     const size_t half = data_bytes / 2;
     const double copy_us = time_calls(
         ctx,
@@ -384,40 +402,60 @@ void bench_release_formats(Context& ctx, const KernelBenchOptions& opt, double c
         },
         copies, opt.repeats);
     for (int64_t M : opt.ms) {
-      KernelBenchRow r;
-      r.kind = "linear";
-      r.name = s.name;
-      r.M = M;
-      r.N = N;
-      r.K = K;
       const KernelBenchRow* nv = nullptr;  // the NVFP4 row of this shape and M, if measured
       for (const KernelBenchRow& o : res.rows)
-        if (o.kind == "linear" && o.N == N && o.K == K && o.M == M && o.groups == 1 && o.name.rfind("fp8", 0) != 0 &&
-            o.name.rfind("mxfp4", 0) != 0) {
+        if (o.kind == "linear" && o.N == N && o.K == K && o.M == M && o.groups == s.groups &&
+            o.name.rfind("fp8", 0) != 0 && o.name.rfind("mxfp4", 0) != 0) {
           nv = &o;  // the first one: the default path's row
           break;
         }
-      if (s.fp8) {
-        r.path = linear_fp8(ctx, f8[0], xp, M, K, y.get(), N, OutType::BF16);
-      } else {
-        r.path = linear_nvfp4_path(f4[0], M);
-      }
-      r.us = time_calls(
-          ctx,
-          [&](int i) {
-            if (s.fp8) linear_fp8(ctx, f8[size_t(i)], xp, M, K, y.get(), N, OutType::BF16);
-            else linear_nvfp4(ctx, f4[size_t(i)], xp, M, K, y.get(), N, OutType::BF16);
-          },
-          copies, opt.repeats);
       const double flop = 2.0 * double(M) * double(N) * double(K);
-      set_rates(r, wbytes + double(M * K) * 2 + double(M * N) * 2, flop, copy_gbs);
-      r.copy_us = copy_us;
-      if (nv && nv->cublas_us > 0) {
-        r.cublas_us = nv->cublas_us;
-        r.cublas_tflops = nv->cublas_tflops;
-        r.speedup = r.cublas_us / r.us;
+      double cublas_us = nv ? nv->cublas_us : 0;
+      if (s.fp8 && cublas_us <= 0) {
+        if (bw.size() == 0) {
+          bw.alloc(bf_bytes * bcopies);
+          fill_bf16(bw.get(), N * K * bcopies, 77);
+        }
+        auto h = static_cast<cublasHandle_t>(ctx.cublas());
+        cublas_us = time_calls(
+            ctx, [&](int i) { cublas_bf16(h, N, K, s.groups, M, bw.as<char>() + bf_bytes * size_t(i), xp, y.get()); },
+            bcopies, opt.repeats);
       }
-      res.rows.push_back(r);
+      // (decode_max_m, prefill) of each FP8 row: the default first
+      std::vector<std::pair<int64_t, Fp8Prefill>> variants{{64, Fp8Prefill::Fast}};
+      if (s.fp8 && M > 64) {
+        variants.push_back({std::numeric_limits<int64_t>::max(), Fp8Prefill::Fast});
+        variants.push_back({0, Fp8Prefill::Exact});
+      }
+      for (const auto& variant : variants) {
+        const int64_t dmax = variant.first;
+        const Fp8Prefill pf = variant.second;
+        KernelBenchRow r = linear_row(s.name, M, N, K, s.groups);
+        if (s.fp8) {
+          r.path = linear_fp8(ctx, f8[0], xp, M, KX, y.get(), N, OutType::BF16, dmax, pf);
+          if (M > 32 && r.path == kFp8PathDecode) r.path += " (32-token slices)";
+          const bool engine_prefill = M >= kFp8PrefillMinM;
+          if (pf == Fp8Prefill::Exact ? engine_prefill : (!engine_prefill && (M <= 64) == (dmax == 64)))
+            r.path += " [engine]";
+        } else {
+          r.path = linear_nvfp4_path(f4[0], M);
+        }
+        r.us = time_calls(
+            ctx,
+            [&](int i) {
+              if (s.fp8) linear_fp8(ctx, f8[size_t(i)], xp, M, KX, y.get(), N, OutType::BF16, dmax, pf);
+              else linear_nvfp4(ctx, f4[size_t(i)], xp, M, K, y.get(), N, OutType::BF16);
+            },
+            copies, opt.repeats);
+        set_rates(r, wbytes + double(M * KX) * 2 + double(M * N) * 2, flop, copy_gbs);
+        r.copy_us = copy_us;
+        if (cublas_us > 0) {
+          r.cublas_us = cublas_us;
+          r.cublas_tflops = flop / (cublas_us * 1e-6) / 1e12;
+          r.speedup = r.cublas_us / r.us;
+        }
+        res.rows.push_back(r);
+      }
     }
   }
 }

@@ -114,7 +114,7 @@ void run_linear(Context& ctx, const DevLinear& w, const void* x, bool x_bf16, in
   if (w.fp4)
     linear_nvfp4(ctx, *w.fp4, xb, M, ldx, y, ldy, out, kNvfp4TilesMinRows - 1, PrefillKernel::MmaTiles);
   else
-    linear_fp8(ctx, *w.fp8, xb, M, ldx, y, ldy, out, kAlwaysDecode);
+    linear_fp8(ctx, *w.fp8, xb, M, ldx, y, ldy, out, kFp8PrefillMinM - 1, Fp8Prefill::Exact);  // decode bits
 }
 
 size_t model_device_bytes(const Model& m) {

@@ -38,7 +38,8 @@ struct DevLinear {
 // y[M, N] = x · Wᵀ. x is f32 or bf16 (x_bf16) with rows ldx apart; the FP4/FP8
 // kernels take bf16, so f32 x is cast into cast_scratch (>= M·groups·K bf16) first.
 // Every path computes a row independently of the other rows, with one kernel
-// whatever M (the decode kernels; see cuda_backend.cu on batch invariance).
+// whatever M (the decode kernels; FP8 from kFp8PrefillMinM rows the prefill
+// kernel, which gives the same bits; see cuda_backend.cu on batch invariance).
 void run_linear(Context& ctx, const DevLinear& w, const void* x, bool x_bf16, int64_t M, int64_t ldx, void* y,
                 bool y_bf16, int64_t ldy, uint16_t* cast_scratch);
 

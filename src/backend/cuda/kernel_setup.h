@@ -15,6 +15,8 @@ namespace cuda {
 // Fills the occupancy of the split-K decode kernels (sm90_nvfp4_linear.cu, sm90_fp8_linear.cu).
 void setup_nvfp4_decode_kernels(KernelSetup& s);
 void setup_fp8_decode_kernels(KernelSetup& s);
+// Raises the dynamic shared-memory limit of the FP8 prefill kernel (sm90_fp8_prefill.cu).
+void setup_fp8_prefill_kernels();
 // Raises the dynamic shared-memory limit of the wgmma prefill kernels (sm90_nvfp4_wgmma.cu).
 void setup_wgmma_kernels();
 // Raises the dynamic shared-memory limit of the MoE prefill kernels (sm90_nvfp4_moe.cu).

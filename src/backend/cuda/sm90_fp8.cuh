@@ -14,8 +14,50 @@
 
 #include <cstdint>
 
+#include "backend/cuda/cuda_fp8_linear.h"
 #include "backend/cuda/fp8_pack.h"
 #include "backend/cuda/sm90_nvfp4.cuh"
+
+namespace cm::cuda {
+
+// The weight, activation and output arguments of the FP8 linear kernels
+// (decode and prefill take them as the base of their parameter struct).
+struct Fp8Args {
+  const uint4* w;
+  const float* s;
+  int64_t chunks;
+  int scale_cols;
+  int N, K, row_blocks;
+  int rows_per_group;
+  const __nv_bfloat16* x;  // [M, ldx]
+  int64_t ldx;
+  int M;
+  void* y;  // [M, ldy], bf16 (y_bf16) or f32
+  int64_t ldy;
+  int y_bf16;
+};
+
+inline Fp8Args fp8_args(const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
+                        OutType out) {
+  Fp8Args a{};
+  a.w = w.data.as<const uint4>();
+  a.s = w.scales.as<const float>();
+  a.chunks = w.chunks;
+  a.scale_cols = int(w.scale_cols);
+  a.N = int(w.N);
+  a.K = int(w.K);
+  a.row_blocks = int(w.row_blocks);
+  a.rows_per_group = int(w.N / w.groups);
+  a.x = reinterpret_cast<const __nv_bfloat16*>(x);
+  a.ldx = ldx;
+  a.M = int(M);
+  a.y = y;
+  a.ldy = ldy;
+  a.y_bf16 = out == OutType::BF16;
+  return a;
+}
+
+}  // namespace cm::cuda
 
 namespace cm::cuda::sm90 {
 
@@ -34,23 +76,38 @@ __device__ __forceinline__ uint32_t fp8x2_hi(uint32_t w) {
   return bf16x2_mul(fp8x2_to_bf16x2_raw(prmt_sign(w, 0xB3A2u)), kBf16x2Pow120);
 }
 
+// The A operands of k16 step j (k = 64c + 16t + 4j .. +3 of rows g and g+8)
+// from a lane's two 16-byte words of a chunk (w0: row g, w1: row g+8).
+__device__ __forceinline__ void fp8_step_a(const uint4& w0, const uint4& w1, int j, uint32_t (&a)[4]) {
+  const uint32_t r0 = j == 0 ? w0.x : j == 1 ? w0.y : j == 2 ? w0.z : w0.w;
+  const uint32_t r1 = j == 0 ? w1.x : j == 1 ? w1.y : j == 2 ? w1.z : w1.w;
+  a[0] = fp8x2_lo(r0);
+  a[1] = fp8x2_lo(r1);
+  a[2] = fp8x2_hi(r0);
+  a[3] = fp8x2_hi(r1);
+}
+
+// The B operands of step j from a token's 16 activations (xv[0]: k = 16t ..
+// +7, xv[1]: +8 .. +15), the order the packed weight layout pairs them in.
+__device__ __forceinline__ uint32_t fp8_step_b0(const uint4 (&xv)[2], int j) { return (j & 1) ? xv[j >> 1].z : xv[j >> 1].x; }
+__device__ __forceinline__ uint32_t fp8_step_b1(const uint4 (&xv)[2], int j) { return (j & 1) ? xv[j >> 1].w : xv[j >> 1].y; }
+
 // One 16-row x 64-k chunk (w0: row g, w1: row g+8) against MT groups of 8
-// tokens; acc += scale * (chunk products).
+// tokens; acc += scale * (chunk products). Per output: a zeroed fp32 tile,
+// the mma steps j = 0..3 in order, then one fma with the scale. The prefill
+// kernel (sm90_fp8_prefill.cu) runs this same sequence per output.
 template <int MT>
 __device__ __forceinline__ void fp8_chunk_mma(const uint4& w0, const uint4& w1, float scale, const uint4 (&xv)[MT][2],
                                               float (&acc)[MT][4]) {
   float tmp[MT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) tmp[mt][0] = tmp[mt][1] = tmp[mt][2] = tmp[mt][3] = 0.f;
-  const uint32_t r0[4] = {w0.x, w0.y, w0.z, w0.w}, r1[4] = {w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t a[4] = {fp8x2_lo(r0[j]), fp8x2_lo(r1[j]), fp8x2_hi(r0[j]), fp8x2_hi(r1[j])};
+    uint32_t a[4];
+    fp8_step_a(w0, w1, j, a);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const uint4& xq = xv[mt][j >> 1];
-      mma_16816(tmp[mt], a, (j & 1) ? xq.z : xq.x, (j & 1) ? xq.w : xq.y);
-    }
+    for (int mt = 0; mt < MT; ++mt) mma_16816(tmp[mt], a, fp8_step_b0(xv[mt], j), fp8_step_b1(xv[mt], j));
   }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)

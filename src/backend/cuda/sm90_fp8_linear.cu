@@ -21,19 +21,7 @@ namespace cm::cuda {
 
 namespace {
 
-struct Fp8DecodeParams {
-  const uint4* w;
-  const float* s;
-  int64_t chunks;
-  int scale_cols;
-  int N, K, row_blocks;
-  int rows_per_group;
-  const __nv_bfloat16* x;
-  int64_t ldx;
-  int M;
-  void* y;
-  int64_t ldy;
-  int y_bf16;
+struct Fp8DecodeParams : Fp8Args {
   int ksplit;
   int chunks_per_split;
   float* partials;
@@ -122,25 +110,23 @@ __global__ void fp8_dequant_kernel(const uint4* w, const float* s, int64_t chunk
   }
 }
 
+// The decode kernel's K split, the same at every MT (and so at every M): a
+// row's bits then never depend on the size of the slice it ran in, and the
+// prefill kernel reproduces them (sm90_fp8_prefill.cu). One occupancy serves
+// all MT for that reason (setup_fp8_decode_kernels).
+bool fp8_decode_unsplit(Context& ctx, const DeviceFp8Linear& w) {
+  return w.row_blocks >= int64_t(ctx.sm_count()) * 8;
+}
+SplitK fp8_decode_split(Context& ctx, const DeviceFp8Linear& w) {
+  return decode_split(ctx.sm_count(), ctx.setup().fp8_decode_occupancy, w.row_blocks, w.chunks);
+}
+
 template <int MT>
 void launch_decode(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                    int64_t ldy, OutType out) {
   Fp8DecodeParams p{};
-  p.w = w.data.as<const uint4>();
-  p.s = w.scales.as<const float>();
-  p.chunks = w.chunks;
-  p.scale_cols = int(w.scale_cols);
-  p.N = int(w.N);
-  p.K = int(w.K);
-  p.row_blocks = int(w.row_blocks);
-  p.rows_per_group = int(w.N / w.groups);
-  p.x = reinterpret_cast<const __nv_bfloat16*>(x);
-  p.ldx = ldx;
-  p.M = int(M);
-  p.y = y;
-  p.ldy = ldy;
-  p.y_bf16 = out == OutType::BF16;
-  if (w.row_blocks >= int64_t(ctx.sm_count()) * 8) {
+  static_cast<Fp8Args&>(p) = fp8_args(w, x, M, ldx, y, ldy, out);
+  if (fp8_decode_unsplit(ctx, w)) {
     // Many row blocks (wq_b): one CTA per row block, no split, the plain loop.
     p.ksplit = 1;
     p.chunks_per_split = int(w.chunks);
@@ -148,7 +134,7 @@ void launch_decode(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
                   p);
     return;
   }
-  const SplitK sk = decode_split(ctx.sm_count(), ctx.setup().fp8_decode_occupancy, w.row_blocks, w.chunks);
+  const SplitK sk = fp8_decode_split(ctx, w);
   p.ksplit = int(sk.ksplit);
   p.chunks_per_split = int(sk.per);
   if (sk.ksplit > 1) {
@@ -169,11 +155,19 @@ void decode_slices(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
 
 }  // namespace
 
+// The split-K choice takes one occupancy for every MT, the smallest (see
+// fp8_decode_split): with one per MT a register change in one variant would
+// give a row other bits in a 9-token slice than alone.
 void setup_fp8_decode_kernels(KernelSetup& s) {
   CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.fp8_decode_occupancy[0], fp8_decode_kernel<1, true>, 128, 0));
   CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.fp8_decode_occupancy[1], fp8_decode_kernel<2, true>, 128, 0));
   CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.fp8_decode_occupancy[2], fp8_decode_kernel<4, true>, 128, 0));
+  const int occ = std::min({s.fp8_decode_occupancy[0], s.fp8_decode_occupancy[1], s.fp8_decode_occupancy[2]});
+  for (int& o : s.fp8_decode_occupancy) o = occ;
+  setup_fp8_prefill_kernels();
 }
+
+int64_t fp8_chunks_per_split(Context& ctx, const DeviceFp8Linear& w) { return fp8_decode_split(ctx, w).per; }
 
 DeviceFp8Linear upload_fp8(const LinearWeight& w, int groups) {
   Fp8Packed p = pack_fp8(w);
@@ -208,13 +202,17 @@ void dequant_fp8_bf16(Context& ctx, const DeviceFp8Linear& w, int64_t row0, int6
 }
 
 const char* linear_fp8(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
-                       int64_t ldy, OutType out, int64_t decode_max_m) {
+                       int64_t ldy, OutType out, int64_t decode_max_m, Fp8Prefill prefill) {
   CM_CU_CHECK(ldx >= w.groups * w.K && ldy >= w.N, "linear '%s': leading dimensions too small", w.name.c_str());
   CM_CU_CHECK((ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0,
               "linear '%s': activations must be 16-byte aligned rows", w.name.c_str());
   if (M <= decode_max_m) {
     if (M > 0) decode_slices(ctx, w, x, M, ldx, y, ldy, out);
     return kFp8PathDecode;
+  }
+  if (prefill == Fp8Prefill::Exact) {
+    linear_fp8_prefill(ctx, w, x, M, ldx, y, ldy, out);
+    return kFp8PathPrefill;
   }
   if (w.pow2_scales) {
     prefill_bf16_panels(

@@ -39,13 +39,14 @@ __device__ __forceinline__ bool splitk_combine(float (&vals)[MT], float* partial
 }
 
 // Writes out[tok, n] = vals * mul for the tile's tokens < M and rows < N
-// (value v = threadIdx.x + 128 q is token v / 16, row rb*16 + v % 16).
+// (value v = tid + 128 q is token v / 16, row rb*16 + v % 16; tid: the
+// thread's index in its 128-thread group, threadIdx.x for the decode kernels).
 template <int MT>
-__device__ __forceinline__ void store_tile(const float (&vals)[MT], int rb, int M, int N, void* y, int64_t ldy,
-                                           bool y_bf16, float mul) {
+__device__ __forceinline__ void store_tile_group(const float (&vals)[MT], int tid, int rb, int M, int N, void* y,
+                                                 int64_t ldy, bool y_bf16, float mul) {
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
-    const int v = threadIdx.x + 128 * i;
+    const int v = tid + 128 * i;
     const int tok = v / 16, n = rb * 16 + v % 16;
     if (tok < M && n < N) {
       const float out = vals[i] * mul;
@@ -55,6 +56,12 @@ __device__ __forceinline__ void store_tile(const float (&vals)[MT], int rb, int 
         static_cast<float*>(y)[int64_t(tok) * ldy + n] = out;
     }
   }
+}
+
+template <int MT>
+__device__ __forceinline__ void store_tile(const float (&vals)[MT], int rb, int M, int N, void* y, int64_t ldy,
+                                           bool y_bf16, float mul) {
+  store_tile_group<MT>(vals, int(threadIdx.x), rb, M, N, y, ldy, y_bf16, mul);
 }
 
 }  // namespace cm::cuda::sm90
