@@ -1,14 +1,15 @@
-// The engine seam's parameterized suite, one over devices (CTranslate2 style):
-// every golden fixture through ModelBackend::step() as one prefill, in chunks
-// of 1 and 7, and as one batch of 8 sequences of different lengths mixing
-// prefill chunks and decode tokens, each of which must equal its own lone run
-// bit for bit; the same step twice gives the same bits; over-reservation errors
-// (state untouched), copy_slot, reset_slot. A binary instantiates it with the
-// devices it runs (tests/test_seam.cpp: cpu and cuda; tests/gpu/test_seam_cuda.cpp:
-// cuda, in the GPU binary). The cuda parameter skips itself when the build or
-// the machine has no GPU backend. Bounds against transformers' fp32 logits:
-// CPU max|Δ| ≤ 1e-4; CUDA (bf16 activations) max|Δ| ≤ 3% of max|logit| and
-// argmax agreement ≥ 95%.
+// The engine seam's parameterized suites, over devices (CTranslate2 style) and,
+// for the per-fixture tests, over (device, fixture) so that each fixture is its
+// own test case: every golden fixture through ModelBackend::step() as one
+// prefill, in chunks of 1 and 7, and as one batch of 8 sequences of different
+// lengths mixing prefill chunks and decode tokens, each of which must equal its
+// own lone run bit for bit; the same step twice gives the same bits;
+// over-reservation errors (state untouched), copy_slot, reset_slot. A binary
+// instantiates them with the devices it runs (tests/test_seam.cpp: cpu and
+// cuda; tests/gpu/test_seam_cuda.cpp: cuda, in the GPU binary). The cuda
+// parameter skips itself when the build or the machine has no GPU backend.
+// Bounds against transformers' fp32 logits: CPU max|Δ| ≤ 1e-4; CUDA (bf16
+// activations) 95% of rows within 3% of max|logit| and argmax agreement ≥ 95%.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -17,6 +18,9 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/error.h"
 #include "engine/backend.h"
@@ -46,13 +50,16 @@ inline double max_abs(const std::vector<float>& a, const std::vector<float>& b, 
   return d;
 }
 
-class Seam : public ::testing::TestWithParam<Device> {
+// The suite's helpers over a test parameter P from which device() takes the device.
+template <typename P>
+class SeamBase : public ::testing::TestWithParam<P> {
  protected:
+  virtual Device device() const = 0;
   // A reserved backend of the parameter's device, or null (the test skips) when
   // this build or machine has none; a backend that exists but fails is an error.
   std::unique_ptr<ModelBackend> backend(const Model& m, int32_t slots, int32_t step_tokens, int64_t ctx) {
-    if (!device_available(GetParam())) return nullptr;
-    return test::reserved_backend(m, GetParam(), slots, step_tokens, ctx);
+    if (!device_available(device())) return nullptr;
+    return test::reserved_backend(m, device(), slots, step_tokens, ctx);
   }
   int64_t vocab_ = 0;
   // The logits bound against transformers for this device.
@@ -71,7 +78,7 @@ class Seam : public ::testing::TestWithParam<Device> {
     }
     const double agreement = rows ? double(agree) / double(rows) : 0.0;
     const double within = rows ? double(close) / double(rows) : 0.0;
-    if (GetParam() == Device::CPU) {
+    if (device() == Device::CPU) {
       EXPECT_LE(d, 1e-4) << what;
     } else {
       // bf16 activations. A rare row can flip a discrete choice (router or indexer top-k near a tie) and
@@ -82,24 +89,58 @@ class Seam : public ::testing::TestWithParam<Device> {
     }
     std::printf("  %s %s: max |logits - transformers| = %.3g (%.2f%% of max |logit| %.3g); rows within 3%%: "
                 "%.1f%%; argmax agreement %.1f%%\n",
-                device_name(GetParam()), what.c_str(), d, 100.0 * d / std::max(amax, 1e-30), amax, 100.0 * within,
+                device_name(device()), what.c_str(), d, 100.0 * d / std::max(amax, 1e-30), amax, 100.0 * within,
                 100.0 * agreement);
   }
 };
 
-TEST_P(Seam, GoldenFixturesPrefillAndChunks) {
-  for (const char* name : kFixtures) {
-    const std::string dir = kData + "/" + name;
-    auto m = model_load(dir);
-    Expected e = read_expected(dir);
-    const int64_t T = int64_t(e.tokens.size()), V = m->config.vocab_size;
-    vocab_ = V;
-    for (int64_t chunk : {T, int64_t(1), int64_t(7)}) {
-      auto be = backend(*m, 1, int32_t(chunk), T);
-      if (!be) GTEST_SKIP() << "no " << device_name(GetParam()) << " backend here";
-      std::vector<float> l = test::feed_chunks(*be, 0, e.tokens.data(), T, chunk, V);
-      expect_close(l, e, std::string(name) + " chunk " + std::to_string(chunk));
-    }
+class Seam : public SeamBase<Device> {
+ protected:
+  Device device() const override { return GetParam(); }
+};
+
+// The per-fixture tests: one test case per (device, fixture), so each can run (and be sanitized) alone.
+using FixtureParam = std::tuple<Device, std::string>;
+class SeamFixture : public SeamBase<FixtureParam> {
+ protected:
+  Device device() const override { return std::get<0>(GetParam()); }
+  const std::string& fixture() const { return std::get<1>(GetParam()); }
+};
+// "cpu_golden_hf_text": the device and the fixture's path with '/' as '_'.
+inline std::string fixture_param_name(const ::testing::TestParamInfo<FixtureParam>& i) {
+  std::string f = std::get<1>(i.param);
+  std::replace(f.begin(), f.end(), '/', '_');
+  return std::string(device_name(std::get<0>(i.param))) + "_" + f;
+}
+// The mixed-batch test's own instantiation: a YaRN model with every layer kind, and the NVFP4 one.
+class SeamMixedBatch : public SeamFixture {};
+inline const char* kMixedBatchFixtures[] = {"golden/hf_mixed_yarn", "golden_quant_nvfp4"};
+
+// INSTANTIATE_TEST_SUITE_P of the two per-fixture suites for the given devices (a ::testing::Values).
+template <size_t N>
+std::vector<std::string> names_of(const char* const (&a)[N]) {
+  return std::vector<std::string>(a, a + N);
+}
+#define CM_SEAM_FIXTURE_SUITES(prefix, devices)                                                          \
+  INSTANTIATE_TEST_SUITE_P(prefix, SeamFixture,                                                          \
+                           ::testing::Combine(devices, ::testing::ValuesIn(names_of(kFixtures))),        \
+                           fixture_param_name);                                                         \
+  INSTANTIATE_TEST_SUITE_P(prefix, SeamMixedBatch,                                                       \
+                           ::testing::Combine(devices, ::testing::ValuesIn(names_of(kMixedBatchFixtures))), \
+                           fixture_param_name)
+
+TEST_P(SeamFixture, GoldenPrefillAndChunks) {
+  const std::string& name = fixture();
+  const std::string dir = kData + "/" + name;
+  auto m = model_load(dir);
+  Expected e = read_expected(dir);
+  const int64_t T = int64_t(e.tokens.size()), V = m->config.vocab_size;
+  vocab_ = V;
+  for (int64_t chunk : {T, int64_t(1), int64_t(7)}) {
+    auto be = backend(*m, 1, int32_t(chunk), T);
+    if (!be) GTEST_SKIP() << "no " << device_name(device()) << " backend here";
+    std::vector<float> l = test::feed_chunks(*be, 0, e.tokens.data(), T, chunk, V);
+    expect_close(l, e, name + " chunk " + std::to_string(chunk));
   }
 }
 
@@ -107,8 +148,9 @@ TEST_P(Seam, GoldenFixturesPrefillAndChunks) {
 // next piece of every unfinished sequence (prefill chunks of varying size for
 // some, one decode token for others), in a shuffled slot order. Every
 // sequence's rows must equal its own lone run with the same pieces, bit for bit.
-TEST_P(Seam, MixedBatchEqualsLoneRuns) {
-  for (const char* name : {"golden/hf_mixed_yarn", "golden_quant_nvfp4"}) {
+TEST_P(SeamMixedBatch, EqualsLoneRuns) {
+  {
+    const std::string& name = fixture();
     auto m = model_load(kData + "/" + name);
     const int64_t V = m->config.vocab_size;
     std::mt19937 rng(7);
@@ -128,7 +170,7 @@ TEST_P(Seam, MixedBatchEqualsLoneRuns) {
         done += n;
       }
     auto be = backend(*m, S, 8 * 13, 128);
-    if (!be) GTEST_SKIP() << "no " << device_name(GetParam()) << " backend here";
+    if (!be) GTEST_SKIP() << "no " << device_name(device()) << " backend here";
     std::vector<std::vector<float>> batched(S);
     std::vector<size_t> next(S, 0), done(S, 0);
     std::vector<int> order(S);

@@ -37,6 +37,7 @@ TEST(SeamCpu, BytesPerSlotAndReserveLimits) {
 
 INSTANTIATE_TEST_SUITE_P(Devices, Seam, ::testing::Values(Device::CPU, Device::CUDA),
                          [](const ::testing::TestParamInfo<Device>& i) { return std::string(device_name(i.param)); });
+CM_SEAM_FIXTURE_SUITES(Devices, ::testing::Values(Device::CPU, Device::CUDA));
 
 }  // namespace seam_suite
 

@@ -7,6 +7,7 @@ namespace seam_suite {
 
 INSTANTIATE_TEST_SUITE_P(Gpu, Seam, ::testing::Values(Device::CUDA),
                          [](const ::testing::TestParamInfo<Device>& i) { return std::string(device_name(i.param)); });
+CM_SEAM_FIXTURE_SUITES(Gpu, ::testing::Values(Device::CUDA));
 
 }  // namespace seam_suite
 
