@@ -189,7 +189,7 @@ TEST(QuantCodec, Nvfp4RowErrorBound) {
   for (int i = 0; i < 32; ++i) EXPECT_EQ(float(ref_e2m1(c2[size_t(i)])) * 0.125f, g[size_t(i)]) << i;
 }
 
-// any_non_finite (the backends' check of returned logits): NaN, +Inf and -Inf anywhere, at every position
+// any_non_finite (both backends' check of returned logits and noted intermediates): NaN, +Inf and -Inf anywhere, at every position
 // of arrays of several lengths (the vectorized body and its tail); the largest finite values, denormals,
 // zeros and negative zeros are finite.
 TEST(Numeric, AnyNonFiniteFindsEveryKindAtEveryPosition) {

@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/numeric.h"
 #include "engine/comm.h"
 #include "ops/compressor.h"
 #include "ops/hc.h"
@@ -33,16 +34,6 @@ void sized(std::vector<T>& v, int64_t n) {
   v.assign(size_t(std::max<int64_t>(n, 1)), T{});
 }
 
-// True when any of the n values is NaN or ±Inf (exponent all ones); vectorises.
-bool any_non_finite(const float* p, int64_t n) {
-  uint32_t acc = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, p + i, 4);
-    acc |= uint32_t((u & 0x7f800000u) == 0x7f800000u);
-  }
-  return acc != 0;
-}
 
 HcParams hc_params(const Config& c, const HcWeights& w) {
   return HcParams{w.fn.data(), w.base.data(), w.scale.data(), c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters,
@@ -215,7 +206,7 @@ void CpuBackend::linear(const LinearWeight& w, const float* x, int64_t m, float*
 
 void CpuBackend::note_slot(const char* what, int64_t layer, const Segment& s, const float* data, int64_t rows,
                            int64_t row_width, std::initializer_list<int64_t> inner) {
-  const bool bad = first_bad_.empty() && any_non_finite(data, rows * row_width);
+  const bool bad = first_bad_.empty() && any_non_finite(data, size_t(rows * row_width));
   if (!opt_.observer && !bad) return;
   std::string name = layer >= 0 ? fmt::format("l{}.s{}.{}", layer, s.slot, what) : fmt::format("s{}.{}", s.slot, what);
   if (bad) first_bad_ = name;
@@ -228,7 +219,7 @@ void CpuBackend::note_slot(const char* what, int64_t layer, const Segment& s, co
 void CpuBackend::note(const char* what, int64_t layer, const float* data, int64_t row_width,
                       std::initializer_list<int64_t> inner) {
   // One scan of the whole step first: the common case (no observer, all finite) costs one pass.
-  if (!opt_.observer && !(first_bad_.empty() && any_non_finite(data, batch_->n * row_width))) return;
+  if (!opt_.observer && !(first_bad_.empty() && any_non_finite(data, size_t(batch_->n * row_width)))) return;
   for (int64_t i = 0; i < act_.n_segs; ++i) {
     const Segment& s = act_.segs[size_t(i)];
     note_slot(what, layer, s, data + s.row0 * row_width, s.n, row_width, inner);
@@ -301,7 +292,7 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
       observe_host(*opt_.observer, "final_norm", y, {R, D});
       observe_host(*opt_.observer, "logits", logits_out, {R, V});
     }
-    if (any_non_finite(logits_out, R * V))
+    if (any_non_finite(logits_out, size_t(R * V)))
       fail("non-finite logits; the first intermediate that went non-finite is {} (run with --layer-stats for "
            "every layer's statistics)",
            first_bad_.empty() ? std::string("the LM head") : first_bad_);
