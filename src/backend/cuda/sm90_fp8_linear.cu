@@ -112,8 +112,8 @@ __global__ void fp8_dequant_kernel(const uint4* w, const float* s, int64_t chunk
 
 // The decode kernel's K split, the same at every MT (and so at every M): a
 // row's bits then never depend on the size of the slice it ran in, and the
-// prefill kernel reproduces them (sm90_fp8_prefill.cu). One occupancy serves
-// all MT for that reason (setup_fp8_decode_kernels).
+// prefill kernel reproduces them (sm90_fp8_prefill.cu). decode_split
+// (linear_host.cuh) gives every MT the one-token kernel's split, as for NVFP4.
 bool fp8_decode_unsplit(Context& ctx, const DeviceFp8Linear& w) {
   return w.row_blocks >= int64_t(ctx.sm_count()) * 8;
 }
@@ -155,15 +155,12 @@ void decode_slices(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
 
 }  // namespace
 
-// The split-K choice takes one occupancy for every MT, the smallest (see
-// fp8_decode_split): with one per MT a register change in one variant would
-// give a row other bits in a 9-token slice than alone.
+// The occupancies size the split-K scratch (cuda_util.cu); the split itself
+// takes the one-token kernel's for every MT (fp8_decode_split).
 void setup_fp8_decode_kernels(KernelSetup& s) {
   CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.fp8_decode_occupancy[0], fp8_decode_kernel<1, true>, 128, 0));
   CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.fp8_decode_occupancy[1], fp8_decode_kernel<2, true>, 128, 0));
   CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.fp8_decode_occupancy[2], fp8_decode_kernel<4, true>, 128, 0));
-  const int occ = std::min({s.fp8_decode_occupancy[0], s.fp8_decode_occupancy[1], s.fp8_decode_occupancy[2]});
-  for (int& o : s.fp8_decode_occupancy) o = occ;
   setup_fp8_prefill_kernels();
 }
 
