@@ -632,13 +632,18 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   // Queries and the shared KV head, for every row of the step.
   float *qr = P<float>(a.qr), *qf = P<float>(a.qf), *kvf = P<float>(a.kvf);
   uint16_t *q = P<uint16_t>(a.q_bf), *kv = P<uint16_t>(a.kv_bf);
-  linear2(lw.wq_a, normed, normed_bf, n, qr);
+  // q_a and kv at decode: one launch for both (run_linear_pair: each output with its own launch's bits).
+  if (cuda::run_linear_pair(ctx, lw.wq_a, lw.wkv, normed_bf, n, qr, kvf)) {
+    mark("attn.wq_a+wkv");
+  } else {
+    linear2(lw.wq_a, normed, normed_bf, n, qr);
+    linear2(lw.wkv, normed, normed_bf, n, kvf);
+  }
   rms_norm_cuda(ctx, qr, lw.q_norm.p(), n, ql, eps, qr, false, nullptr, nullptr, 1, qr_bf);
   mark("rms_norm");
   linear2(lw.wq_b, qr, qr_bf, n, qf);
   rms_norm_cuda(ctx, qf, nullptr, n * H, hd, eps, q, true, &rope, d_pos_, H);
   mark("rms_norm+rope");
-  linear2(lw.wkv, normed, normed_bf, n, kvf);
   rms_norm_cuda(ctx, kvf, lw.kv_norm.p(), n, hd, eps, kv, true, &rope, d_pos_, 1);
   mark("rms_norm+rope");
   note("q", L, q, true, H * hd, {H, hd});
