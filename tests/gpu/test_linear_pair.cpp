@@ -6,7 +6,10 @@
 // multiple of 16, K not of 64); M = 1, 3, 17, 32 (the three MT variants). Outputs
 // are Guarded (canaries, NaN-filled); a second pair launch gives the same bits
 // (the split-K counters were reset). Also the cases it declines (M > 32,
-// different K, grouped weights), having launched nothing.
+// different K, grouped weights), having launched nothing; and that a bf16 output
+// of the FP8/NVFP4 linears (every path run_linear takes) and of SwiGLU is the
+// cast of their f32 output, bit for bit (wo_a and SwiGLU write bf16 for an
+// FP8/NVFP4 consumer).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -14,15 +17,18 @@
 #include "../release_weights.h"
 #include "backend/cuda/cuda_fp8_linear.h"
 #include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/backend_kernels.h"
 #include "common/error.h"
 #include "gpu_test_util.h"
 #include "linear_check.h"
 #include "op_check.h"
+#include "ops/swiglu.h"
 
 namespace cm {
 namespace {
 
 using gputest::Guarded;
+using gputest::Rng;
 using testw::Fp8Scales;
 using testw::random_fp8;
 
@@ -148,6 +154,58 @@ TEST(GpuLinearPair, DeclinesWhatItCannotPair) {
   // Nothing was written (the outputs still hold their NaN fill).
   for (float v : ya.get()) ASSERT_TRUE(std::isnan(v));
   for (float v : yb.get()) ASSERT_TRUE(std::isnan(v));
+}
+
+// The step lets wo_a and the experts' SwiGLU write bf16 for an FP8/NVFP4 consumer instead of f32 that
+// run_linear then casts: the same bits, on every path run_linear takes (decode below 128 rows, the
+// prefill kernels from there) and in SwiGLU.
+TEST(GpuLinearPair, Bf16OutputIsTheCastOfTheF32Output) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  const int64_t N = 520, K = 1024;  // N: row blocks past one 128-row tile, not a multiple of 16·8
+  const cuda::DeviceFp8Linear f8 = cuda::upload_fp8(random_fp8(N, K, 7, Fp8Scales::F32_ANY));
+  const cuda::DeviceLinear f4 = cuda::upload_nvfp4(gputest::random_nvfp4(N, K, 8));
+  for (int64_t M : {1, 17, 40, 127, 128, 200}) {
+    std::vector<uint16_t> xb;
+    std::vector<float> xf;
+    gputest::random_bf16(size_t(M * K), 50 + uint64_t(M), 2.0f, xb, xf);
+    cuda::DeviceBuffer dx(xb.size() * 2);
+    dx.upload(xb.data(), xb.size() * 2);
+    const uint16_t* x = dx.as<const uint16_t>();
+    for (int fmt = 0; fmt < 2; ++fmt) {
+      SCOPED_TRACE(testing::Message() << (fmt ? "nvfp4" : "fp8") << " M=" << M);
+      Guarded<float> yf(size_t(M * N));
+      Guarded<uint16_t> yb(size_t(M * N));
+      cuda::DeviceBuffer cast(size_t(M * N) * 2);
+      for (int bf = 0; bf < 2; ++bf) {  // run_linear's calls
+        void* y = bf ? static_cast<void*>(yb.ptr()) : static_cast<void*>(yf.ptr());
+        const cuda::OutType ot = bf ? cuda::OutType::BF16 : cuda::OutType::F32;
+        if (fmt)
+          cuda::linear_nvfp4(ctx, f4, x, M, K, y, N, ot, cuda::kNvfp4TilesMinRows - 1, cuda::PrefillKernel::MmaTiles);
+        else
+          cuda::linear_fp8(ctx, f8, x, M, K, y, N, ot, cuda::kFp8PrefillMinM - 1, cuda::Fp8Prefill::Exact);
+      }
+      cuda::cast_f32_bf16(ctx, yf.ptr(), N, M, N, cast.as<uint16_t>(), N);
+      ctx.sync();
+      const std::vector<uint16_t> got = yb.get(), want = gputest::from_device<uint16_t>(cast, size_t(M * N));
+      (void)yf.get();  // canaries
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 2), 0);
+    }
+  }
+  // SwiGLU (the shared expert's, 2048 wide in V4-Flash), with the clamp.
+  Rng r(9);
+  const int64_t rows = 5, I = 2048;
+  const std::vector<float> g = gputest::rand_f32(size_t(rows * I), r, 12.0f), u = gputest::rand_f32(size_t(rows * I), r, 12.0f);
+  cuda::DeviceBuffer dg = gputest::to_device(g), du = gputest::to_device(u), cast(size_t(rows * I) * 2);
+  Guarded<float> hf(size_t(rows * I));
+  Guarded<uint16_t> hb(size_t(rows * I));
+  swiglu_cuda(ctx, dg.as<float>(), du.as<float>(), I, rows, I, 10.0f, nullptr, hf.ptr(), false);
+  swiglu_cuda(ctx, dg.as<float>(), du.as<float>(), I, rows, I, 10.0f, nullptr, hb.ptr(), true);
+  cuda::cast_f32_bf16(ctx, hf.ptr(), I, rows, I, cast.as<uint16_t>(), I);
+  ctx.sync();
+  const std::vector<uint16_t> got = hb.get(), want = gputest::from_device<uint16_t>(cast, size_t(rows * I));
+  (void)hf.get();
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 2), 0) << "swiglu";
 }
 
 }  // namespace

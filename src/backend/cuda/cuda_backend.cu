@@ -97,7 +97,8 @@ class CudaBackend final : public ModelBackend {
     // bf16 copies of normed and qr that their norms write for the FP8/NVFP4 linears (a row is cast
     // once, not once per linear).
     DeviceBuffer x, x_alt, normed, normed_bf, out, post, comb;
-    DeviceBuffer qr, qr_bf, qf, q_bf, kvf, kv_bf, o_bf, u;
+    // u_bf, h_bf: wo_a's and the experts' SwiGLU outputs in bf16 when the next linear is FP8/NVFP4.
+    DeviceBuffer qr, qr_bf, qf, q_bf, kvf, kv_bf, o_bf, u, u_bf, h_bf;
     DeviceBuffer ckv, cgate, ikv, igate, iqf, iq_bf, iw, iscore, sel, sel_score;
     DeviceBuffer router, eidx, ew, we, g, up, ey, routed, sy, hc_part;
     DeviceBuffer final_y, logits, cast, counts;
@@ -292,7 +293,8 @@ void CudaBackend::reserve(const CacheShape& shape) {
       {&a.out, N * D * 4},            {&a.post, N * hc * 4},
       {&a.comb, N * hc * hc * 4},     {&a.qr, N * c.q_lora_rank * 4}, {&a.qf, N * H * hd * 4},
       {&a.q_bf, N * H * hd * 2},      {&a.kvf, N * hd * 4},          {&a.kv_bf, N * hd * 2},
-      {&a.o_bf, N * H * hd * 2},      {&a.u, N * G * ol * 4},        {&a.ckv, N * 2 * hd * 4},
+      {&a.o_bf, N * H * hd * 2},      {&a.u, N * G * ol * 4},        {&a.u_bf, N * G * ol * 2},
+      {&a.h_bf, N * I * 2},        {&a.ckv, N * 2 * hd * 4},
       {&a.cgate, N * 2 * hd * 4},     {&a.ikv, N * 2 * ih * 4},      {&a.igate, N * 2 * ih * 4},
       {&a.iqf, N * inh * ih * 4},     {&a.iq_bf, N * inh * ih * 2},  {&a.iw, N * inh * 4},
       {&a.iscore, N * max_ie * 4},    {&a.sel, N * c.index_topk * 4}, {&a.sel_score, N * c.index_topk * 4},
@@ -716,9 +718,13 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   mark("window_store");
 
   // Grouped low-rank output projection (group g's heads through rows [g·ol, (g+1)·ol) of wo_a), then wo_b.
-  float* u = P<float>(a.u);
-  linear(lw.wo_a, o, true, n, u, H * hd, G * ol);
-  linear(lw.wo_b, u, false, n, P<float>(a.out));
+  // For an FP8/NVFP4 wo_b, wo_a writes bf16: the bits of its f32 output cast (every such kernel stores
+  // the round-to-nearest-even of its f32 value), without the cast kernel.
+  const bool ub = lw.wo_a.wants_bf16_input() && lw.wo_b.wants_bf16_input();
+  void* u = ub ? static_cast<void*>(P<uint16_t>(a.u_bf)) : static_cast<void*>(P<float>(a.u));
+  cuda::run_linear(ctx, lw.wo_a, o, true, n, H * hd, u, ub, G * ol, P<uint16_t>(a.cast));
+  if (timer_) mark(op_label(lw.wo_a.name));
+  linear(lw.wo_b, u, ub, n, P<float>(a.out));
 }
 
 // y = w2 · (silu(min(w1·x, L)) ⊙ clamp(w3·x, −L, L)) for n rows (f32 x and y).
@@ -728,9 +734,12 @@ void CudaBackend::expert(const cuda::DevExpert& e, const float* x, const uint16_
   float *g = P<float>(act_.g), *up = P<float>(act_.up);
   linear2(e.w1, x, x_bf, n, g);
   linear2(e.w3, x, x_bf, n, up);
-  swiglu_cuda(*ctx_, g, up, I, n, I, m_.config.swiglu_limit, nullptr, g, false);
+  // SwiGLU writes bf16 for an FP8/NVFP4 w2 (the bits of the cast its f32 output would get).
+  const bool hb = e.w2.wants_bf16_input();
+  void* h = hb ? static_cast<void*>(P<uint16_t>(act_.h_bf)) : static_cast<void*>(g);
+  swiglu_cuda(*ctx_, g, up, I, n, I, m_.config.swiglu_limit, nullptr, h, hb);
   mark("swiglu");
-  linear(e.w2, g, false, n, y);
+  linear(e.w2, h, hb, n, y);
 }
 
 // The MoE block of layer L (normed → out): router, routed experts, shared expert (model/moe.cpp).
