@@ -23,4 +23,21 @@ void rms_norm_cuda(cuda::Context& ctx, const float* x, const float* w, int64_t r
                    bool y_bf16, const RopeView* rope = nullptr, const int32_t* pos = nullptr,
                    int64_t rows_per_pos = 1, uint16_t* y_copy_bf16 = nullptr);
 
+// rms_norm_cuda's arguments, for rms_norm2_cuda.
+struct RmsNormJob {
+  const float* x = nullptr;
+  const float* w = nullptr;
+  int64_t rows = 0, dim = 0;
+  float eps = 0;
+  void* y = nullptr;
+  bool y_bf16 = false;
+  const RopeView* rope = nullptr;
+  const int32_t* pos = nullptr;
+  int64_t rows_per_pos = 1;
+  uint16_t* y_copy_bf16 = nullptr;
+};
+// rms_norm_cuda(a) and rms_norm_cuda(b) in one launch (the per-head Q norm + RoPE and the KV norm +
+// RoPE of a step), each row with the bits of its own call; a.dim == b.dim. The two must not overlap.
+void rms_norm2_cuda(cuda::Context& ctx, const RmsNormJob& a, const RmsNormJob& b);
+
 }  // namespace cm

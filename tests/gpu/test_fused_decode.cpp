@@ -1,7 +1,8 @@
 // The fused kernels of the GPU step (fewer launches per layer at decode) against
 // the unfused kernels they replace and against the CPU ops:
 //  - RMSNorm + its bf16 copy (rms_norm_cuda's y_copy_bf16) = rms_norm_cuda, then
-//    cast_f32_bf16: bit for bit;
+//    cast_f32_bf16: bit for bit; two norm calls in one launch (rms_norm2_cuda, the
+//    Q and KV norms + RoPE) = the two calls, bit for bit;
 //  - hc_post fused with the next hc_pre's partial sums (hc_post_mix_cuda), then
 //    the finishing kernel = hc_post_cuda, then hc_pre_cuda: bit for bit (streams,
 //    partial sums, collapsed, post, comb);
@@ -118,6 +119,55 @@ TEST(GpuFused, NormWithBf16CopyGivesTheCastBits) {
                Error);
   EXPECT_THROW(rms_norm_cuda(ctx, a.as<float>(), nullptr, 1, 1024, 1e-6f, a.get(), false, nullptr, nullptr, 1,
                              a.as<uint16_t>()),
+               Error);
+}
+
+// The per-head Q norm + RoPE and the KV norm + RoPE in one launch (rms_norm2_cuda) = the two calls.
+TEST(GpuFused, TwoNormsInOneLaunchGiveTheirOwnBits) {
+  CM_SKIP_WITHOUT_GPU();
+  cuda::Context ctx;
+  Rng r(14);
+  struct Case {
+    int64_t T, H, hd, rope_dim;
+  };
+  const Case cases[] = {{1, 64, 512, 64}, {3, 64, 512, 64}, {17, 64, 512, 64}, {256, 64, 512, 64}, {5, 3, 24, 8}};
+  const RopeTable t64 = gputest::make_rope(64, true), t8 = gputest::make_rope(8, false);
+  for (const Case& c : cases) {
+    const RopeTable& tab = c.rope_dim == 64 ? t64 : t8;
+    const size_t nq = size_t(c.T * c.H * c.hd), nk = size_t(c.T * c.hd);
+    const std::vector<float> q = gputest::rand_f32(nq, r, 3.0f, 0.2f), kv = gputest::rand_f32(nk, r, 2.0f, -0.1f);
+    const std::vector<float> w = gputest::rand_f32(size_t(c.hd), r, 0.5f, 1.0f);
+    std::vector<int32_t> pos(size_t(c.T));
+    for (int64_t i = 0; i < c.T; ++i) pos[size_t(i)] = int32_t(i * 389 + 70000);  // past YaRN's original window
+    cuda::DeviceBuffer dq = to_device(q), dk = to_device(kv), dw = to_device(w), dp = to_device(pos),
+                       df = to_device(tab.freqs);
+    const RopeView rv{df.as<float>(), tab.rope_dim, 1.0f};
+    const std::string sh = "tokens=" + std::to_string(c.T) + " heads=" + std::to_string(c.H) + " hd=" +
+                           std::to_string(c.hd);
+    cuda::DeviceBuffer rq(nq * 2), rk(nk * 2);
+    rms_norm_cuda(ctx, dq.as<float>(), nullptr, c.T * c.H, c.hd, 1e-6f, rq.get(), true, &rv, dp.as<int32_t>(), c.H);
+    rms_norm_cuda(ctx, dk.as<float>(), dw.as<float>(), c.T, c.hd, 1e-6f, rk.get(), true, &rv, dp.as<int32_t>(), 1);
+    Guarded<uint16_t> gq(nq), gk(nk);
+    rms_norm2_cuda(ctx, RmsNormJob{dq.as<float>(), nullptr, c.T * c.H, c.hd, 1e-6f, gq.ptr(), true, &rv,
+                                   dp.as<int32_t>(), c.H},
+                   RmsNormJob{dk.as<float>(), dw.as<float>(), c.T, c.hd, 1e-6f, gk.ptr(), true, &rv, dp.as<int32_t>(), 1});
+    ctx.sync();
+    const std::vector<uint16_t> got_q = gq.get(), got_k = gk.get();
+    EXPECT_SAME_BITS(got_q, from_device<uint16_t>(rq, nq), "q norm+rope, " + sh);
+    EXPECT_SAME_BITS(got_k, from_device<uint16_t>(rk, nk), "kv norm+rope, " + sh);
+    std::vector<float> cq(nq), ck(nk);
+    rms_norm_cpu(q.data(), nullptr, c.T * c.H, c.hd, 1e-6f, cq.data());
+    rms_norm_cpu(kv.data(), w.data(), c.T, c.hd, 1e-6f, ck.data());
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int64_t h = 0; h < c.H; ++h) rope_apply_cpu(&cq[size_t((t * c.H + h) * c.hd)], 1, c.hd, pos[size_t(t)], tab, false);
+      rope_apply_cpu(&ck[size_t(t * c.hd)], 1, c.hd, pos[size_t(t)], tab, false);
+    }
+    expect_err("rms_norm2 q (bf16)", sh, max_rel(gputest::bf16_vals(got_q), cq), 8e-3);
+    expect_err("rms_norm2 kv (bf16)", sh, max_rel(gputest::bf16_vals(got_k), ck), 8e-3);
+  }
+  cuda::DeviceBuffer a(512 * 4), b(256 * 4), y(512 * 4);
+  EXPECT_THROW(rms_norm2_cuda(ctx, RmsNormJob{a.as<float>(), nullptr, 1, 512, 1e-6f, y.get()},
+                              RmsNormJob{b.as<float>(), nullptr, 1, 256, 1e-6f, y.get()}),
                Error);
 }
 

@@ -644,10 +644,10 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   rms_norm_cuda(ctx, qr, lw.q_norm.p(), n, ql, eps, qr, false, nullptr, nullptr, 1, qr_bf);
   mark("rms_norm");
   linear2(lw.wq_b, qr, qr_bf, n, qf);
-  rms_norm_cuda(ctx, qf, nullptr, n * H, hd, eps, q, true, &rope, d_pos_, H);
-  mark("rms_norm+rope");
-  rms_norm_cuda(ctx, kvf, lw.kv_norm.p(), n, hd, eps, kv, true, &rope, d_pos_, 1);
-  mark("rms_norm+rope");
+  // The per-head Q norm + RoPE and the KV norm + RoPE (rows of hd both) in one launch.
+  rms_norm2_cuda(ctx, RmsNormJob{qf, nullptr, n * H, hd, eps, q, true, &rope, d_pos_, H},
+                 RmsNormJob{kvf, lw.kv_norm.p(), n, hd, eps, kv, true, &rope, d_pos_, 1});
+  mark("rms_norm+rope (q, kv)");
   note("q", L, q, true, H * hd, {H, hd});
   note("kv", L, kv, true, hd, {hd});
 
