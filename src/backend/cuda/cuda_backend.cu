@@ -96,7 +96,9 @@ class CudaBackend final : public ModelBackend {
     // writes out of place, hc_post_mix_cuda), then the head's gathered rows. normed_bf, qr_bf: the
     // bf16 copies of normed and qr that their norms write for the FP8/NVFP4 linears (a row is cast
     // once, not once per linear).
-    DeviceBuffer x, x_alt, normed, normed_bf, out, post, comb;
+    // normed_ffn, out_ffn: the MoE half's input and output (the attention half's normed and out stay
+    // as noted until the layer's one non-finite count, flush_counts).
+    DeviceBuffer x, x_alt, normed, normed_ffn, normed_bf, out, out_ffn, post, comb;
     // u_bf, h_bf: wo_a's and the experts' SwiGLU outputs in bf16 when the next linear is FP8/NVFP4.
     DeviceBuffer qr, qr_bf, qf, q_bf, kvf, kv_bf, o_bf, u, u_bf, h_bf;
     DeviceBuffer ckv, cgate, ikv, igate, iqf, iq_bf, iw, iscore, sel, sel_score;
@@ -290,7 +292,8 @@ void CudaBackend::reserve(const CacheShape& shape) {
   const std::vector<Want> wants = {
       {&a.plan, 4 * N * 4},           {&a.x, N * hc * D * 4},        {&a.x_alt, N * hc * D * 4},
       {&a.normed, N * D * 4},         {&a.normed_bf, N * D * 2},     {&a.qr_bf, N * c.q_lora_rank * 2},
-      {&a.out, N * D * 4},            {&a.post, N * hc * 4},
+      {&a.out, N * D * 4},            {&a.post, N * hc * 4},         {&a.normed_ffn, N * D * 4},
+      {&a.out_ffn, N * D * 4},
       {&a.comb, N * hc * hc * 4},     {&a.qr, N * c.q_lora_rank * 4}, {&a.qf, N * H * hd * 4},
       {&a.q_bf, N * H * hd * 2},      {&a.kvf, N * hd * 4},          {&a.kv_bf, N * hd * 2},
       {&a.o_bf, N * H * hd * 2},      {&a.u, N * G * ol * 4},        {&a.u_bf, N * G * ol * 2},
@@ -427,8 +430,8 @@ void CudaBackend::note(const char* what, int64_t layer, const void* data, bool b
 }
 
 // Counts the non-finite values of the intermediates noted since the last flush, in one launch. The
-// step flushes before it overwrites a noted buffer: after each half of a layer (the attention half's
-// buffers are the MoE half's inputs and scratch) and when the batch is full.
+// step flushes before it overwrites a noted buffer: after the embedding, after each layer (the two
+// halves write their own buffers; the next layer rewrites them) and when the batch is full.
 void CudaBackend::flush_counts() {
   if (pending_counts_.count == 0) return;
   cuda::count_non_finite(*ctx_, pending_counts_, n_);
@@ -511,42 +514,44 @@ void CudaBackend::forward(int64_t n, int64_t R, int64_t max_pos) {
   embed_rows_cuda(ctx, w.embed, d_token_, n, hc, X);
   mark("embed");
   note("embed", -1, X, false, hc * D, {hc, D});
+  flush_counts();  // (layer 0's MoE half rewrites X)
 
   // Per half layer two mHC kernels: the previous half's hc_post fused with this half's hc_pre partial
   // sums (over the streams it writes, out of place: x → x_alt → x), and hc_pre's finishing kernel fused
   // with the RMSNorm, which also writes the normed rows' bf16 copy for the FP8/NVFP4 linears. The bits
   // are those of hc_post, hc_pre, rms_norm and the casts run apart (ops/hc.h), and every noted buffer
-  // holds what it held: X (= act_.x) after each layer, normed after each norm.
+  // holds what it held: X (= act_.x) after each layer, normed after each norm. The two halves read and
+  // write their own normed and out, so a layer's intermediates are counted in one launch at its end.
   float *X1 = P<float>(act_.x_alt), *normed = P<float>(act_.normed), *out = P<float>(act_.out);
+  float *normed_ffn = P<float>(act_.normed_ffn), *out_ffn = P<float>(act_.out_ffn);
   float *post = P<float>(act_.post), *comb = P<float>(act_.comb), *part = P<float>(act_.hc_part);
   uint16_t* normed_bf = P<uint16_t>(act_.normed_bf);
-  auto norm_out = [&](const cuda::DevF32& w) { return HcNormOut{w.p(), c.rms_norm_eps, normed, normed_bf}; };
+  auto norm_out = [&](const cuda::DevF32& w, float* y) { return HcNormOut{w.p(), c.rms_norm_eps, y, normed_bf}; };
   for (int64_t L = 0; L < c.num_layers; ++L) {
     const cuda::DevLayer& lw = w.layers[size_t(L)];
     const HcParams attn_hc = hc_params(c, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale);
     const HcParams ffn_hc = hc_params(c, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale);
     // Layer 0's partial sums here; every later layer's came with the previous layer's last hc_post.
-    hc_pre_norm_cuda(ctx, attn_hc, X, n, nullptr, post, comb, part, norm_out(lw.attn_norm), L > 0);
+    hc_pre_norm_cuda(ctx, attn_hc, X, n, nullptr, post, comb, part, norm_out(lw.attn_norm, normed), L > 0);
     mark("hc_pre+rms_norm");
     note("attn_in", L, normed, false, D, {D});
     attention(L, n, max_pos);
     note("attn_out", L, out, false, D, {D});
-    flush_counts();
     hc_post_mix_cuda(ctx, hc, D, out, post, comb, n, X, X1, &ffn_hc, part);
     mark("hc_post+hc_pre partials");
 
-    hc_pre_norm_cuda(ctx, ffn_hc, X1, n, nullptr, post, comb, part, norm_out(lw.ffn_norm), true);
+    hc_pre_norm_cuda(ctx, ffn_hc, X1, n, nullptr, post, comb, part, norm_out(lw.ffn_norm, normed_ffn), true);
     mark("hc_pre+rms_norm");
-    note("moe_in", L, normed, false, D, {D});
+    note("moe_in", L, normed_ffn, false, D, {D});
     moe(L, n);
-    note("moe_out", L, out, false, D, {D});
+    note("moe_out", L, out_ffn, false, D, {D});
     if (L + 1 < c.num_layers) {
       const cuda::DevLayer& next = w.layers[size_t(L + 1)];
       const HcParams next_hc = hc_params(c, next.hc_attn_fn, next.hc_attn_base, next.hc_attn_scale);
-      hc_post_mix_cuda(ctx, hc, D, out, post, comb, n, X1, X, &next_hc, part);
+      hc_post_mix_cuda(ctx, hc, D, out_ffn, post, comb, n, X1, X, &next_hc, part);
       mark("hc_post+hc_pre partials");
     } else {
-      hc_post_mix_cuda(ctx, hc, D, out, post, comb, n, X1, X, nullptr, nullptr);
+      hc_post_mix_cuda(ctx, hc, D, out_ffn, post, comb, n, X1, X, nullptr, nullptr);
       mark("hc_post");
     }
     note("resid", L, X, false, hc * D, {hc, D});
@@ -749,9 +754,9 @@ void CudaBackend::moe(int64_t L, int64_t n) {
   Context& ctx = *ctx_;
   Act& a = act_;
   const int64_t D = c.hidden_size, E = c.n_routed_experts, K = c.n_experts_per_tok;
-  const float* normed = P<float>(a.normed);
+  const float* normed = P<float>(a.normed_ffn);
   const uint16_t* normed_bf = P<uint16_t>(a.normed_bf);  // written by the ffn norm
-  float *router = P<float>(a.router), *ew = P<float>(a.ew), *routed = P<float>(a.routed), *out = P<float>(a.out);
+  float *router = P<float>(a.router), *ew = P<float>(a.ew), *routed = P<float>(a.routed), *out = P<float>(a.out_ffn);
   int32_t* eidx = P<int32_t>(a.eidx);
 
   linear2(lw.gate, normed, normed_bf, n, router);
