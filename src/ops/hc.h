@@ -60,4 +60,30 @@ void hc_post_cuda(cuda::Context& ctx, int64_t hc, int64_t dim, const float* out,
                   int64_t tokens, float* x);
 void hc_head_cuda(cuda::Context& ctx, const HcHeadParams& p, const float* x, int64_t tokens, float* y, float* scratch);
 
+// The fused forms the GPU step runs (fewer kernels per layer at decode), each with the bits of the
+// unfused sequence it replaces.
+// Where the RMSNorm of the collapsed rows goes: rms_norm_cuda(collapsed, w, T, D, eps, y, false,
+// ..., y_copy_bf16) — y f32 [T, D], and its bf16 copy unless null. D <= 12288.
+struct HcNormOut {
+  const float* w = nullptr;  // [D]; null: unweighted
+  float eps = 0;
+  float* y = nullptr;
+  uint16_t* y_copy_bf16 = nullptr;
+};
+// hc_pre_cuda, then the RMSNorm of the collapsed rows, in the finishing kernel; collapsed may be null
+// (not written). partials_ready: scratch already holds the partial sums of this hc_pre over x
+// (hc_post_mix_cuda wrote them); then only the finishing kernel runs.
+void hc_pre_norm_cuda(cuda::Context& ctx, const HcParams& p, const float* x, int64_t tokens, float* collapsed,
+                      float* post, float* comb, float* scratch, const HcNormOut& norm, bool partials_ready = false);
+// hc_head_cuda, then the RMSNorm of y, in the finishing kernel.
+void hc_head_norm_cuda(cuda::Context& ctx, const HcHeadParams& p, const float* x, int64_t tokens, float* scratch,
+                       const HcNormOut& norm);
+// hc_post out of place: x_out = HCPost(x_in) (x_in is not written; the two must not overlap), and,
+// when next is not null, the partial sums of hc_pre(next, x_out) into scratch, in the same kernel;
+// hc_pre_norm_cuda(next, x_out, ..., partials_ready = true) completes that hc_pre. next null: the
+// post alone (x_in == x_out allowed: in place, as hc_post_cuda).
+void hc_post_mix_cuda(cuda::Context& ctx, int64_t hc, int64_t dim, const float* out, const float* post,
+                      const float* comb, int64_t tokens, const float* x_in, float* x_out, const HcParams* next,
+                      float* scratch);
+
 }  // namespace cm

@@ -383,8 +383,12 @@ TEST(GpuOps, NonFiniteCountsInOneLaunch) {
     bool bf16;
     int64_t offset;  // elements: 1 makes the rows unaligned
   };
-  const std::vector<Case> cases = {{32768, true, 0}, {4096, false, 0}, {512, false, 1}, {64, true, 1}, {37, true, 0},
-                                   {16384, false, 0}};
+  // kMax (16, a layer's intermediates) of them in one launch.
+  const std::vector<Case> cases = {{32768, true, 0}, {4096, false, 0}, {512, false, 1}, {64, true, 1},
+                                   {37, true, 0},    {16384, false, 0}, {1000, false, 0}, {999, true, 1},
+                                   {4096, true, 0},  {512, true, 0},   {128, false, 1},  {33, false, 0},
+                                   {8192, true, 1},  {2048, false, 0}, {16, true, 0},    {7, false, 1}};
+  ASSERT_EQ(cases.size(), size_t(cuda::NonFiniteBatch::kMax));
   cuda::NonFiniteBatch b;
   std::vector<cuda::DeviceBuffer> bufs;
   std::vector<std::vector<int32_t>> want;

@@ -51,7 +51,7 @@ void gather_scores(Context& ctx, const float* score, int64_t ld, const int32_t* 
 
 // Up to kMax intermediates whose non-finite values are counted by one launch.
 struct NonFiniteBatch {
-  static constexpr int kMax = 8;
+  static constexpr int kMax = 16;  // a layer's ~12: one launch per layer
   int count = 0;
   const void* x[kMax];    // rows of `width` values, f32 or bf16
   int64_t width[kMax];

@@ -92,11 +92,18 @@ class CudaBackend final : public ModelBackend {
   // Activations for max_step_tokens rows (N), all device buffers.
   struct Act {
     DeviceBuffer plan;  // int32 [4N]: token, pos, slot, logit rows
-    DeviceBuffer x, a, normed, out, post, comb;
-    DeviceBuffer qr, qf, q_bf, kvf, kv_bf, o_bf, u;
+    // x: the hc streams after each layer; x_alt: after a layer's attention half (the fused hc_post
+    // writes out of place, hc_post_mix_cuda), then the head's gathered rows. normed_bf, qr_bf: the
+    // bf16 copies of normed and qr that their norms write for the FP8/NVFP4 linears (a row is cast
+    // once, not once per linear).
+    // normed_ffn, out_ffn: the MoE half's input and output (the attention half's normed and out stay
+    // as noted until the layer's one non-finite count, flush_counts).
+    DeviceBuffer x, x_alt, normed, normed_ffn, normed_bf, out, out_ffn, post, comb;
+    // u_bf, h_bf: wo_a's and the experts' SwiGLU outputs in bf16 when the next linear is FP8/NVFP4.
+    DeviceBuffer qr, qr_bf, qf, q_bf, kvf, kv_bf, o_bf, u, u_bf, h_bf;
     DeviceBuffer ckv, cgate, ikv, igate, iqf, iq_bf, iw, iscore, sel, sel_score;
-    DeviceBuffer router, eidx, ew, we, x_bf, g, up, ey, routed, sy, hc_part;
-    DeviceBuffer head_in, final_y, logits, cast, counts;
+    DeviceBuffer router, eidx, ew, we, g, up, ey, routed, sy, hc_part;
+    DeviceBuffer final_y, logits, cast, counts;
     DeviceBuffer attn_ws;  // f32 partials of split (decode) attention; see attention_sink_cuda
   };
 
@@ -105,9 +112,17 @@ class CudaBackend final : public ModelBackend {
   int64_t max_entries(int64_t L, int64_t max_ctx) const;
   void attention(int64_t L, int64_t n, int64_t max_pos);
   void moe(int64_t L, int64_t n);
-  void expert(const cuda::DevExpert& e, const float* x, int64_t n, float* y);
+  void expert(const cuda::DevExpert& e, const float* x, const uint16_t* x_bf, int64_t n, float* y);
   void linear(const DevLinear& w, const void* x, bool x_bf16, int64_t M, void* y, int64_t ldx = 0,
               int64_t ldy = 0);
+  // A linear over f32 rows x [M, K] that come with their bf16 copy xb: the FP8/NVFP4 linears read
+  // xb (the bits their own cast would make), the dense ones x.
+  void linear2(const DevLinear& w, const float* x, const uint16_t* xb, int64_t M, void* y) {
+    if (w.wants_bf16_input())
+      linear(w, xb, true, M, y);
+    else
+      linear(w, x, false, M, y);
+  }
   void note(const char* what, int64_t layer, const void* data, bool bf16, int64_t width,
             const std::vector<int64_t>& inner);
   void observe_entries(int64_t L, const CompressorStateView& comp, const CompressorStateView* index);
@@ -275,18 +290,21 @@ void CudaBackend::reserve(const CacheShape& shape) {
   };
   Act& a = act_;
   const std::vector<Want> wants = {
-      {&a.plan, 4 * N * 4},           {&a.x, N * hc * D * 4},        {&a.a, N * D * 4},
-      {&a.normed, N * D * 4},         {&a.out, N * D * 4},           {&a.post, N * hc * 4},
+      {&a.plan, 4 * N * 4},           {&a.x, N * hc * D * 4},        {&a.x_alt, N * hc * D * 4},
+      {&a.normed, N * D * 4},         {&a.normed_bf, N * D * 2},     {&a.qr_bf, N * c.q_lora_rank * 2},
+      {&a.out, N * D * 4},            {&a.post, N * hc * 4},         {&a.normed_ffn, N * D * 4},
+      {&a.out_ffn, N * D * 4},
       {&a.comb, N * hc * hc * 4},     {&a.qr, N * c.q_lora_rank * 4}, {&a.qf, N * H * hd * 4},
       {&a.q_bf, N * H * hd * 2},      {&a.kvf, N * hd * 4},          {&a.kv_bf, N * hd * 2},
-      {&a.o_bf, N * H * hd * 2},      {&a.u, N * G * ol * 4},        {&a.ckv, N * 2 * hd * 4},
+      {&a.o_bf, N * H * hd * 2},      {&a.u, N * G * ol * 4},        {&a.u_bf, N * G * ol * 2},
+      {&a.h_bf, N * I * 2},        {&a.ckv, N * 2 * hd * 4},
       {&a.cgate, N * 2 * hd * 4},     {&a.ikv, N * 2 * ih * 4},      {&a.igate, N * 2 * ih * 4},
       {&a.iqf, N * inh * ih * 4},     {&a.iq_bf, N * inh * ih * 2},  {&a.iw, N * inh * 4},
       {&a.iscore, N * max_ie * 4},    {&a.sel, N * c.index_topk * 4}, {&a.sel_score, N * c.index_topk * 4},
       {&a.router, N * E * 4},         {&a.eidx, N * K * 4},          {&a.ew, N * K * 4},
-      {&a.we, dense_moe ? E * N * 4 : 0}, {&a.x_bf, N * D * 2},      {&a.g, N * I * 4},
+      {&a.we, dense_moe ? E * N * 4 : 0}, {&a.g, N * I * 4},
       {&a.up, N * I * 4},             {&a.ey, N * D * 4},            {&a.routed, N * D * 4},
-      {&a.sy, N * D * 4},             {&a.head_in, N * hc * D * 4},  {&a.final_y, N * D * 4},
+      {&a.sy, N * D * 4},             {&a.final_y, N * D * 4},
       {&a.logits, N * c.vocab_size * 4}, {&a.cast, N * max_k * 2},   {&a.counts, int64_t(max_notes_) * N * 4},
       {&a.hc_part, int64_t(hc_mix_scratch_floats(hc, D, N)) * 4},
       {&a.attn_ws, attn_ws_floats * 4},
@@ -412,8 +430,8 @@ void CudaBackend::note(const char* what, int64_t layer, const void* data, bool b
 }
 
 // Counts the non-finite values of the intermediates noted since the last flush, in one launch. The
-// step flushes before it overwrites a noted buffer: after each half of a layer (the attention half's
-// buffers are the MoE half's inputs and scratch) and when the batch is full.
+// step flushes before it overwrites a noted buffer: after the embedding, after each layer (the two
+// halves write their own buffers; the next layer rewrites them) and when the batch is full.
 void CudaBackend::flush_counts() {
   if (pending_counts_.count == 0) return;
   cuda::count_non_finite(*ctx_, pending_counts_, n_);
@@ -496,46 +514,60 @@ void CudaBackend::forward(int64_t n, int64_t R, int64_t max_pos) {
   embed_rows_cuda(ctx, w.embed, d_token_, n, hc, X);
   mark("embed");
   note("embed", -1, X, false, hc * D, {hc, D});
+  flush_counts();  // (layer 0's MoE half rewrites X)
 
-  float *A = P<float>(act_.a), *normed = P<float>(act_.normed), *out = P<float>(act_.out);
-  float *post = P<float>(act_.post), *comb = P<float>(act_.comb);
+  // Per half layer two mHC kernels: the previous half's hc_post fused with this half's hc_pre partial
+  // sums (over the streams it writes, out of place: x → x_alt → x), and hc_pre's finishing kernel fused
+  // with the RMSNorm, which also writes the normed rows' bf16 copy for the FP8/NVFP4 linears. The bits
+  // are those of hc_post, hc_pre, rms_norm and the casts run apart (ops/hc.h), and every noted buffer
+  // holds what it held: X (= act_.x) after each layer, normed after each norm. The two halves read and
+  // write their own normed and out, so a layer's intermediates are counted in one launch at its end.
+  float *X1 = P<float>(act_.x_alt), *normed = P<float>(act_.normed), *out = P<float>(act_.out);
+  float *normed_ffn = P<float>(act_.normed_ffn), *out_ffn = P<float>(act_.out_ffn);
+  float *post = P<float>(act_.post), *comb = P<float>(act_.comb), *part = P<float>(act_.hc_part);
+  uint16_t* normed_bf = P<uint16_t>(act_.normed_bf);
+  auto norm_out = [&](const cuda::DevF32& w, float* y) { return HcNormOut{w.p(), c.rms_norm_eps, y, normed_bf}; };
   for (int64_t L = 0; L < c.num_layers; ++L) {
     const cuda::DevLayer& lw = w.layers[size_t(L)];
-    hc_pre_cuda(ctx, hc_params(c, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale), X, n, A, post, comb, P<float>(act_.hc_part));
-    mark("hc_pre");
-    rms_norm_cuda(ctx, A, lw.attn_norm.p(), n, D, c.rms_norm_eps, normed, false);
-    mark("rms_norm");
+    const HcParams attn_hc = hc_params(c, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale);
+    const HcParams ffn_hc = hc_params(c, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale);
+    // Layer 0's partial sums here; every later layer's came with the previous layer's last hc_post.
+    hc_pre_norm_cuda(ctx, attn_hc, X, n, nullptr, post, comb, part, norm_out(lw.attn_norm, normed), L > 0);
+    mark("hc_pre+rms_norm");
     note("attn_in", L, normed, false, D, {D});
     attention(L, n, max_pos);
     note("attn_out", L, out, false, D, {D});
-    flush_counts();
-    hc_post_cuda(ctx, hc, D, out, post, comb, n, X);
-    mark("hc_post");
+    hc_post_mix_cuda(ctx, hc, D, out, post, comb, n, X, X1, &ffn_hc, part);
+    mark("hc_post+hc_pre partials");
 
-    hc_pre_cuda(ctx, hc_params(c, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale), X, n, A, post, comb, P<float>(act_.hc_part));
-    mark("hc_pre");
-    rms_norm_cuda(ctx, A, lw.ffn_norm.p(), n, D, c.rms_norm_eps, normed, false);
-    mark("rms_norm");
-    note("moe_in", L, normed, false, D, {D});
+    hc_pre_norm_cuda(ctx, ffn_hc, X1, n, nullptr, post, comb, part, norm_out(lw.ffn_norm, normed_ffn), true);
+    mark("hc_pre+rms_norm");
+    note("moe_in", L, normed_ffn, false, D, {D});
     moe(L, n);
-    note("moe_out", L, out, false, D, {D});
-    hc_post_cuda(ctx, hc, D, out, post, comb, n, X);
-    mark("hc_post");
+    note("moe_out", L, out_ffn, false, D, {D});
+    if (L + 1 < c.num_layers) {
+      const cuda::DevLayer& next = w.layers[size_t(L + 1)];
+      const HcParams next_hc = hc_params(c, next.hc_attn_fn, next.hc_attn_base, next.hc_attn_scale);
+      hc_post_mix_cuda(ctx, hc, D, out_ffn, post, comb, n, X1, X, &next_hc, part);
+      mark("hc_post+hc_pre partials");
+    } else {
+      hc_post_mix_cuda(ctx, hc, D, out_ffn, post, comb, n, X1, X, nullptr, nullptr);
+      mark("hc_post");
+    }
     note("resid", L, X, false, hc * D, {hc, D});
     flush_counts();
   }
   flush_counts();  // (each layer flushed its own; this covers a model without layers)
 
-  // Final hyper-head, norm and LM head over the rows whose logits are wanted.
+  // Final hyper-head and norm (one finishing kernel; the bf16 copy for a quantized head) and the LM
+  // head over the rows whose logits are wanted.
   if (R > 0) {
-    float *head_in = P<float>(act_.head_in), *y = P<float>(act_.final_y), *logits = P<float>(act_.logits);
+    float *head_in = X1, *y = P<float>(act_.final_y), *logits = P<float>(act_.logits);
     cuda::gather_rows(ctx, X, d_rows_, R, hc * D, head_in);
     HcHeadParams hp{w.hc_head_fn.p(), w.hc_head_base.p(), w.hc_head_scale.p(), hc, D, c.hc_eps, c.rms_norm_eps};
-    hc_head_cuda(ctx, hp, head_in, R, y, P<float>(act_.hc_part));
-    mark("hc_head");
-    rms_norm_cuda(ctx, y, w.norm.p(), R, D, c.rms_norm_eps, y, false);
-    mark("rms_norm");
-    linear(w.head, y, false, R, logits);
+    hc_head_norm_cuda(ctx, hp, head_in, R, part, HcNormOut{w.norm.p(), c.rms_norm_eps, y, normed_bf});
+    mark("hc_head+rms_norm");
+    linear2(w.head, y, normed_bf, R, logits);
   }
 }
 
@@ -599,20 +631,28 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   const int64_t H = c.num_heads, hd = c.head_dim, W = c.sliding_window, G = c.o_groups, ol = c.o_lora_rank;
   const int64_t ql = c.q_lora_rank, inh = c.index_n_heads, ihd = c.index_head_dim, topk = c.index_topk;
   const float eps = c.rms_norm_eps;
+  // normed and qr come with their bf16 copies (written by their norms) for the FP8/NVFP4 linears.
   const float* normed = P<float>(a.normed);
+  const uint16_t* normed_bf = P<uint16_t>(a.normed_bf);
+  uint16_t* qr_bf = P<uint16_t>(a.qr_bf);
 
   // Queries and the shared KV head, for every row of the step.
   float *qr = P<float>(a.qr), *qf = P<float>(a.qf), *kvf = P<float>(a.kvf);
   uint16_t *q = P<uint16_t>(a.q_bf), *kv = P<uint16_t>(a.kv_bf);
-  linear(lw.wq_a, normed, false, n, qr);
-  rms_norm_cuda(ctx, qr, lw.q_norm.p(), n, ql, eps, qr, false);
+  // q_a and kv at decode: one launch for both (run_linear_pair: each output with its own launch's bits).
+  if (cuda::run_linear_pair(ctx, lw.wq_a, lw.wkv, normed_bf, n, qr, kvf)) {
+    mark("attn.wq_a+wkv");
+  } else {
+    linear2(lw.wq_a, normed, normed_bf, n, qr);
+    linear2(lw.wkv, normed, normed_bf, n, kvf);
+  }
+  rms_norm_cuda(ctx, qr, lw.q_norm.p(), n, ql, eps, qr, false, nullptr, nullptr, 1, qr_bf);
   mark("rms_norm");
-  linear(lw.wq_b, qr, false, n, qf);
-  rms_norm_cuda(ctx, qf, nullptr, n * H, hd, eps, q, true, &rope, d_pos_, H);
-  mark("rms_norm+rope");
-  linear(lw.wkv, normed, false, n, kvf);
-  rms_norm_cuda(ctx, kvf, lw.kv_norm.p(), n, hd, eps, kv, true, &rope, d_pos_, 1);
-  mark("rms_norm+rope");
+  linear2(lw.wq_b, qr, qr_bf, n, qf);
+  // The per-head Q norm + RoPE and the KV norm + RoPE (rows of hd both) in one launch.
+  rms_norm2_cuda(ctx, RmsNormJob{qf, nullptr, n * H, hd, eps, q, true, &rope, d_pos_, H},
+                 RmsNormJob{kvf, lw.kv_norm.p(), n, hd, eps, kv, true, &rope, d_pos_, 1});
+  mark("rms_norm+rope (q, kv)");
   note("q", L, q, true, H * hd, {H, hd});
   note("kv", L, kv, true, hd, {hd});
 
@@ -620,18 +660,18 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   const int64_t m = c.ratio(L);
   if (lw.comp) {
     float *ckv = P<float>(a.ckv), *cgate = P<float>(a.cgate);
-    linear(lw.comp->wkv, normed, false, n, ckv);
-    linear(lw.comp->wgate, normed, false, n, cgate);
+    linear2(lw.comp->wkv, normed, normed_bf, n, ckv);
+    linear2(lw.comp->wgate, normed, normed_bf, n, cgate);
     compressor_step_cuda(ctx, ls.comp, lw.comp->ape.p(), lw.comp->norm.p(), eps, dm_->rope_compress, ckv, cgate,
                          d_slot_, d_pos_, n);
     mark("compressor_step");
   }
   if (kind == AttnKind::CSA) {
     float *ikv = P<float>(a.ikv), *igate = P<float>(a.igate), *iqf = P<float>(a.iqf), *iw = P<float>(a.iw);
-    linear(lw.index_comp->wkv, normed, false, n, ikv);
-    linear(lw.index_comp->wgate, normed, false, n, igate);
-    linear(lw.index_wq_b, qr, false, n, iqf);
-    linear(lw.index_weights_proj, normed, false, n, iw);
+    linear2(lw.index_comp->wkv, normed, normed_bf, n, ikv);
+    linear2(lw.index_comp->wgate, normed, normed_bf, n, igate);
+    linear2(lw.index_wq_b, qr, qr_bf, n, iqf);
+    linear2(lw.index_weights_proj, normed, normed_bf, n, iw);
     compressor_step_cuda(ctx, ls.index, lw.index_comp->ape.p(), lw.index_comp->norm.p(), eps, dm_->rope_compress,
                          ikv, igate, d_slot_, d_pos_, n);
     mark("compressor_step (indexer)");
@@ -683,20 +723,28 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   mark("window_store");
 
   // Grouped low-rank output projection (group g's heads through rows [g·ol, (g+1)·ol) of wo_a), then wo_b.
-  float* u = P<float>(a.u);
-  linear(lw.wo_a, o, true, n, u, H * hd, G * ol);
-  linear(lw.wo_b, u, false, n, P<float>(a.out));
+  // For an FP8/NVFP4 wo_b, wo_a writes bf16: the bits of its f32 output cast (every such kernel stores
+  // the round-to-nearest-even of its f32 value), without the cast kernel.
+  const bool ub = lw.wo_a.wants_bf16_input() && lw.wo_b.wants_bf16_input();
+  void* u = ub ? static_cast<void*>(P<uint16_t>(a.u_bf)) : static_cast<void*>(P<float>(a.u));
+  cuda::run_linear(ctx, lw.wo_a, o, true, n, H * hd, u, ub, G * ol, P<uint16_t>(a.cast));
+  if (timer_) mark(op_label(lw.wo_a.name));
+  linear(lw.wo_b, u, ub, n, P<float>(a.out));
 }
 
 // y = w2 · (silu(min(w1·x, L)) ⊙ clamp(w3·x, −L, L)) for n rows (f32 x and y).
-void CudaBackend::expert(const cuda::DevExpert& e, const float* x, int64_t n, float* y) {
+// x_bf: the bf16 copy of x (for FP8/NVFP4 w1, w3).
+void CudaBackend::expert(const cuda::DevExpert& e, const float* x, const uint16_t* x_bf, int64_t n, float* y) {
   const int64_t I = e.w1.N;
   float *g = P<float>(act_.g), *up = P<float>(act_.up);
-  linear(e.w1, x, false, n, g);
-  linear(e.w3, x, false, n, up);
-  swiglu_cuda(*ctx_, g, up, I, n, I, m_.config.swiglu_limit, nullptr, g, false);
+  linear2(e.w1, x, x_bf, n, g);
+  linear2(e.w3, x, x_bf, n, up);
+  // SwiGLU writes bf16 for an FP8/NVFP4 w2 (the bits of the cast its f32 output would get).
+  const bool hb = e.w2.wants_bf16_input();
+  void* h = hb ? static_cast<void*>(P<uint16_t>(act_.h_bf)) : static_cast<void*>(g);
+  swiglu_cuda(*ctx_, g, up, I, n, I, m_.config.swiglu_limit, nullptr, h, hb);
   mark("swiglu");
-  linear(e.w2, g, false, n, y);
+  linear(e.w2, h, hb, n, y);
 }
 
 // The MoE block of layer L (normed → out): router, routed experts, shared expert (model/moe.cpp).
@@ -706,11 +754,12 @@ void CudaBackend::moe(int64_t L, int64_t n) {
   Context& ctx = *ctx_;
   Act& a = act_;
   const int64_t D = c.hidden_size, E = c.n_routed_experts, K = c.n_experts_per_tok;
-  const float* normed = P<float>(a.normed);
-  float *router = P<float>(a.router), *ew = P<float>(a.ew), *routed = P<float>(a.routed), *out = P<float>(a.out);
+  const float* normed = P<float>(a.normed_ffn);
+  const uint16_t* normed_bf = P<uint16_t>(a.normed_bf);  // written by the ffn norm
+  float *router = P<float>(a.router), *ew = P<float>(a.ew), *routed = P<float>(a.routed), *out = P<float>(a.out_ffn);
   int32_t* eidx = P<int32_t>(a.eidx);
 
-  linear(lw.gate, normed, false, n, router);
+  linear2(lw.gate, normed, normed_bf, n, router);
   note("router_logits", L, router, false, E, {E});
   // route_cuda's arg-max selects nothing among NaN scores and would then index past the logits row;
   // a NaN has been counted above, so the step reports it — here it only must not fault.
@@ -727,11 +776,9 @@ void CudaBackend::moe(int64_t L, int64_t n) {
   mark("route");
 
   if (lw.experts) {
-    // Packed FP4 experts: routing lists, gate/up + SwiGLU, down, k-ordered combine on the device.
-    uint16_t* xb = P<uint16_t>(a.x_bf);
-    cuda::cast_f32_bf16(ctx, normed, D, n, D, xb, D);
-    mark("cast_bf16");
-    cuda::moe_nvfp4(ctx, *lw.experts, *moe_scratch_, xb, int(n), eidx, ew, routed);
+    // Packed FP4 experts (on the norm's bf16 copy): routing lists, gate/up + SwiGLU, down, k-ordered
+    // combine on the device.
+    cuda::moe_nvfp4(ctx, *lw.experts, *moe_scratch_, normed_bf, int(n), eidx, ew, routed);
     mark("moe_nvfp4 (routed experts)");
   } else {
     // Experts as separate linears: each over every row, added with the row's weight for it
@@ -741,7 +788,7 @@ void CudaBackend::moe(int64_t L, int64_t n) {
     CM_CUDA(cudaMemsetAsync(routed, 0, size_t(n * D) * 4, ctx.stream()));
     mark("moe_expert_weights");
     for (int64_t e = 0; e < E; ++e) {
-      expert(lw.dense_experts[size_t(e)], normed, n, ey);
+      expert(lw.dense_experts[size_t(e)], normed, normed_bf, n, ey);
       cuda::axpy_rows(ctx, we + e * n, ey, n, D, routed);
       mark("axpy_rows");
     }
@@ -749,7 +796,7 @@ void CudaBackend::moe(int64_t L, int64_t n) {
   note("moe_routed", L, routed, false, D, {D});
   if (lw.has_shared) {
     float* sy = P<float>(a.sy);
-    expert(lw.shared, normed, n, sy);
+    expert(lw.shared, normed, normed_bf, n, sy);
     note("moe_shared", L, sy, false, D, {D});
     cuda::add_f32(ctx, routed, sy, n * D, out);
   } else {

@@ -65,6 +65,13 @@ DeviceFp8Linear upload_fp8(const LinearWeight& w, int groups = 1);
 const char* linear_fp8(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                        int64_t ldy, OutType out, int64_t decode_max_m = 64, Fp8Prefill prefill = Fp8Prefill::Fast);
 
+// Two decode linears of one input (ungrouped, the same K; q_a and kv at decode) in one launch, each
+// output with the bits linear_fp8 gives it at this M: when M <= 32 and both split K (fewer than 8
+// row blocks per SM) and their split-K workspaces fit the Context's side by side. Returns false, having
+// launched nothing, otherwise (the caller runs the two linears).
+bool linear_fp8_pair(Context& ctx, const DeviceFp8Linear& wa, const DeviceFp8Linear& wb, const uint16_t* x, int64_t M,
+                     int64_t ldx, void* ya, int64_t ldya, void* yb, int64_t ldyb, OutType out);
+
 // The prefill kernel alone (any M >= 1): what linear_fp8 runs with Fp8Prefill::Exact above decode_max_m.
 void linear_fp8_prefill(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                         int64_t ldy, OutType out);

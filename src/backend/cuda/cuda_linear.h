@@ -58,6 +58,13 @@ void fill_random_packed(void* data, size_t data_bytes, void* scales, size_t scal
 void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                   int64_t ldy, OutType out, int64_t decode_max_m = 64, PrefillKernel prefill = PrefillKernel::Auto);
 
+// Two decode linears of one input (ungrouped, the same K; q_a and kv at decode) in one launch, each
+// output with the bits linear_nvfp4 gives it at this M: when M <= 32, both split K (fewer than 8 row
+// blocks per SM) and their split-K workspaces fit the Context's side by side. Returns false, having
+// launched nothing, otherwise (the caller runs the two linears).
+bool linear_nvfp4_pair(Context& ctx, const DeviceLinear& wa, const DeviceLinear& wb, const uint16_t* x, int64_t M,
+                       int64_t ldx, void* ya, int64_t ldya, void* yb, int64_t ldyb, OutType out);
+
 // The kernel linear_nvfp4 runs for these arguments ("mma.sync decode", "wgmma", "dequant+cuBLAS",
 // "mma.sync prefill").
 const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_max_m = 64,

@@ -117,6 +117,18 @@ void run_linear(Context& ctx, const DevLinear& w, const void* x, bool x_bf16, in
     linear_fp8(ctx, *w.fp8, xb, M, ldx, y, ldy, out, kFp8PrefillMinM - 1, Fp8Prefill::Exact);  // decode bits
 }
 
+bool run_linear_pair(Context& ctx, const DevLinear& a, const DevLinear& b, const uint16_t* x, int64_t M, float* y_a,
+                     float* y_b) {
+  // Only where run_linear would run the decode kernels (M below both prefill thresholds; the pairs take
+  // M <= 32 anyway).
+  if (M <= 0 || M >= std::min(kNvfp4TilesMinRows, kFp8PrefillMinM)) return false;
+  if (a.fp8 && b.fp8)
+    return linear_fp8_pair(ctx, *a.fp8, *b.fp8, x, M, a.K, y_a, a.N, y_b, b.N, OutType::F32);
+  if (a.fp4 && b.fp4)
+    return linear_nvfp4_pair(ctx, *a.fp4, *b.fp4, x, M, a.K, y_a, a.N, y_b, b.N, OutType::F32);
+  return false;
+}
+
 size_t model_device_bytes(const Model& m) {
   const Weights& w = m.weights;
   size_t b = w.embed.stored_bytes() + w.head.stored_bytes() + f32_bytes(w.norm) + f32_bytes(w.hc_head_fn);

@@ -43,6 +43,12 @@ struct DevLinear {
 void run_linear(Context& ctx, const DevLinear& w, const void* x, bool x_bf16, int64_t M, int64_t ldx, void* y,
                 bool y_bf16, int64_t ldy, uint16_t* cast_scratch);
 
+// Two linears of the same bf16 rows x [M, K] (ldx = K) into f32 y_a, y_b (rows N apart), in one launch
+// when both are FP8 or both NVFP4/MXFP4 decode linears that pair (linear_fp8_pair, linear_nvfp4_pair),
+// with the bits run_linear gives each. False, having launched nothing, otherwise.
+bool run_linear_pair(Context& ctx, const DevLinear& a, const DevLinear& b, const uint16_t* x, int64_t M, float* y_a,
+                     float* y_b);
+
 struct DevF32 {
   DeviceBuffer buf;
   const float* p() const { return buf.as<const float>(); }

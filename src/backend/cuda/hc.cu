@@ -6,8 +6,15 @@
 // first warp applies the sigmoid gates and the Sinkhorn normalisation (a 4×4
 // matrix: latency, not throughput; a lane per row / column), and all threads
 // collapse the streams.
-// hc_post: one thread per (token, channel) updates all hc streams in place.
+// hc_post: one thread per (token, channel) updates all hc streams (in place,
+// or into another buffer).
+// The fused forms the step runs: hc_post + the next hc_pre's partial sums in
+// one kernel (out of place: a CTA reads every stream of its channels while
+// other CTAs write theirs), and the finishing kernel + the RMSNorm of the
+// collapsed row (+ its bf16 copy for the next linears) in one kernel; both
+// give the bits of the unfused kernels (see the kernels).
 #include "backend/cuda/cuda_util.h"
+#include "backend/cuda/norm_device.cuh"
 #include "backend/cuda/ops_device.cuh"
 #include "ops/hc.h"
 
@@ -16,6 +23,7 @@ namespace cm {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int64_t kNormMaxDim = 12288;  // 48 KiB of shared memory per row
 
 struct HcKParams {
   const float* fn;
@@ -81,13 +89,48 @@ constexpr int kTileT = 2;     // tokens per CTA (the accumulators stay in regist
 
 int64_t n_chunks(int64_t hc, int64_t dim) { return (hc * dim + kChunk - 1) / kChunk; }
 
+// The values the partial sums read: the streams as stored (hc_pre), or (the fused hc_post + next
+// hc_pre) each element's new value, computed, stored and summed in one pass.
+struct LoadStored {
+  const float* x;
+  __device__ __forceinline__ float operator()(int64_t t, int64_t n, int64_t i) const { return x[t * n + i]; }
+};
+
+// X'_k[d] = post_k · out[d] + Σ_j comb[j][k] · X_j[d] of one token (ops/hc.h), with the multiply and
+// the fused multiply-adds spelled out, so hc_post_kernel and the fused kernel round alike.
+template <int HC>
+__device__ __forceinline__ float post_value(float post_k, float o, const float* comb_col, const float* old) {
+  float s = __fmul_rn(post_k, o);
+#pragma unroll
+  for (int j = 0; j < HC; ++j) s = __fmaf_rn(comb_col[j * HC], old[j], s);
+  return s;
+}
+
+template <int HC>
+struct LoadPosted {
+  const float* x_in;  // [T, HC, D], never written by the kernel
+  float* x_out;       // [T, HC, D]
+  const float *out, *post, *comb;
+  int64_t dim;
+  __device__ __forceinline__ float operator()(int64_t t, int64_t n, int64_t i) const {
+    const int64_t k = i / dim, d = i - k * dim;
+    const float* xt = x_in + t * n;
+    float old[HC];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) old[j] = xt[j * dim + d];
+    const float v = post_value<HC>(post[t * HC + k], out[t * dim + d], comb + t * HC * HC + k, old);
+    x_out[t * n + i] = v;
+    return v;
+  }
+};
+
 // TT tokens per CTA: a token's sums do not depend on TT (each token has its own accumulators, reduced
 // in the same order), so the one-token variant, which halves the warp reductions at decode, gives the
-// same bits as the two-token tile.
-template <int HC, bool HEAD, int TT>
-__global__ void __launch_bounds__(kThreads) hc_mix_partial_kernel(const HcKParams p, int64_t tokens, float* part) {
+// same bits as the two-token tile. Every element of the chunk is loaded (load) exactly once, by the
+// same thread whatever the loader, so the fused post gives hc_pre's partials bit for bit.
+template <int HC, bool HEAD, int TT, class Load>
+__device__ __forceinline__ void mix_partial(const HcKParams& p, int64_t tokens, float* part, const Load& load) {
   constexpr int R = HEAD ? HC : (2 + HC) * HC;
-  cuda::dev::pdl_wait_and_release();
   __shared__ float red[kThreads / 32][TT][R + 1];
   const int64_t n = HC * p.dim, chunk = blockIdx.x, nch = gridDim.x, t0 = int64_t(blockIdx.y) * TT;
   float acc[TT][R + 1];
@@ -99,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) hc_mix_partial_kernel(const HcKParam
     float v[TT];
 #pragma unroll
     for (int u = 0; u < TT; ++u) {
-      v[u] = t0 + u < tokens ? p.x[(t0 + u) * n + i] : 0.f;
+      v[u] = t0 + u < tokens ? load(t0 + u, n, i) : 0.f;
       acc[u][R] += v[u] * v[u];
     }
 #pragma unroll
@@ -127,15 +170,43 @@ __global__ void __launch_bounds__(kThreads) hc_mix_partial_kernel(const HcKParam
   }
 }
 
+template <int HC, bool HEAD, int TT>
+__global__ void __launch_bounds__(kThreads) hc_mix_partial_kernel(const HcKParams p, int64_t tokens, float* part) {
+  cuda::dev::pdl_wait_and_release();
+  mix_partial<HC, HEAD, TT>(p, tokens, part, LoadStored{p.x});
+}
+
+// hc_post out of place (x_in → x_out) fused with the partial sums of the next hc_pre (p: its fn and
+// dim) over the values it writes: the same grid and element → thread mapping as hc_mix_partial_kernel.
+template <int HC, int TT>
+__global__ void __launch_bounds__(kThreads) hc_post_mix_kernel(const HcKParams p, const LoadPosted<HC> load,
+                                                               int64_t tokens, float* part) {
+  cuda::dev::pdl_wait_and_release();
+  mix_partial<HC, false, TT>(p, tokens, part, load);
+}
+
 // One CTA per token: the partials summed in chunk order, then (warp 0) the
-// sigmoid gates and Sinkhorn, then all threads collapse the streams.
-template <int HC, bool HEAD>
-__global__ void __launch_bounds__(kThreads) hc_mix_finish_kernel(const HcKParams p, int64_t nch, const float* part) {
+// sigmoid gates and Sinkhorn, then all threads collapse the streams. NORM: the
+// collapsed row is then RMS-normed in the same CTA (norm_device.cuh; launched
+// with rms_norm_threads(dim) threads and the row in dynamic shared memory, so
+// the normed row has the RMSNorm kernel's bits); collapsed may then be null.
+struct NormOut {
+  const float* w;  // null: unweighted
+  float eps;
+  float* y;        // [T, D] f32
+  uint16_t* copy;  // null, or the bf16 copy of y
+};
+
+template <int HC, bool HEAD, bool NORM>
+__global__ void __launch_bounds__(NORM ? 1024 : kThreads)
+    hc_mix_finish_kernel(const HcKParams p, int64_t nch, const float* part, const NormOut no) {
   constexpr int R = HEAD ? HC : (2 + HC) * HC;
   cuda::dev::pdl_wait_and_release();
+  extern __shared__ float row[];  // NORM: [dim]
   __shared__ float mix[R + 1];
   __shared__ float pre[HC];
   __shared__ float cm[HC * HC];
+  __shared__ float tmp[32];
   const int64_t t = blockIdx.x, n = HC * p.dim;
   const float* x = p.x + t * n;
   if (threadIdx.x <= R) {
@@ -160,67 +231,110 @@ __global__ void __launch_bounds__(kThreads) hc_mix_finish_kernel(const HcKParams
   float pk[HC];
 #pragma unroll
   for (int k = 0; k < HC; ++k) pk[k] = pre[k];
-  for (int64_t d = threadIdx.x; d < p.dim; d += kThreads) {
+  float ss = 0.f;
+  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < HC; ++k) s += pk[k] * x[k * p.dim + d];
-    p.collapsed[t * p.dim + d] = s;
+    if (!NORM || p.collapsed) p.collapsed[t * p.dim + d] = s;
+    if constexpr (NORM) {
+      row[d] = s;
+      ss += s * s;
+    }
+  }
+  if constexpr (NORM) {
+    cuda::dev::rms_norm_row(row, ss, no.w, p.dim, no.eps, tmp);
+    for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x)
+      cuda::dev::store_normed(no.y, false, no.copy, t * p.dim + d, row[d]);
   }
 }
 
 template <int HC>
 __global__ void hc_post_kernel(int64_t dim, const float* out, const float* post, const float* comb, int64_t tokens,
-                               float* x) {
+                               const float* x_in, float* x_out) {
   cuda::dev::pdl_wait_and_release();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * dim) return;
   const int64_t t = i / dim, d = i % dim;
-  float* xt = x + t * HC * dim;
+  const float* xt = x_in + t * HC * dim;
   float old[HC];
 #pragma unroll
   for (int j = 0; j < HC; ++j) old[j] = xt[j * dim + d];
   const float o = out[t * dim + d];
   const float* c = comb + t * HC * HC;
 #pragma unroll
-  for (int k = 0; k < HC; ++k) {
-    float s = post[t * HC + k] * o;
-#pragma unroll
-    for (int j = 0; j < HC; ++j) s += c[j * HC + k] * old[j];
-    xt[k * dim + d] = s;
-  }
+  for (int k = 0; k < HC; ++k) x_out[t * HC * dim + k * dim + d] = post_value<HC>(post[t * HC + k], o, c + k, old);
 }
 
-template <int HC, bool HEAD>
-void launch_mix_hc(cuda::Context& ctx, const HcKParams& p, int64_t tokens, float* part) {
-  const int64_t nch = n_chunks(HC, p.dim);
+// The partial sums' grid: a CTA per chunk and token tile (one-token tiles for a one-token step).
+template <class K1, class K2, class... Args>
+void launch_partial(cuda::Context& ctx, K1 one, K2 tile, int64_t nch, int64_t tokens, const char* name, Args... args) {
   const dim3 block{unsigned(kThreads)};
   if (tokens == 1)
-    cuda::launch_kernel(ctx, hc_mix_partial_kernel<HC, HEAD, 1>, dim3(unsigned(nch), 1u), block, 0,
-                        "hc_mix_partial_kernel", p, tokens, part);
+    cuda::launch_kernel(ctx, one, dim3(unsigned(nch), 1u), block, 0, name, args...);
   else
-    cuda::launch_kernel(ctx, hc_mix_partial_kernel<HC, HEAD, kTileT>,
-                        dim3(unsigned(nch), unsigned((tokens + kTileT - 1) / kTileT)), block, 0,
-                        "hc_mix_partial_kernel", p, tokens, part);
-  cuda::launch_kernel(ctx, hc_mix_finish_kernel<HC, HEAD>, dim3(unsigned(tokens)), block, 0, "hc_mix_finish_kernel", p,
-                      nch, static_cast<const float*>(part));
+    cuda::launch_kernel(ctx, tile, dim3(unsigned(nch), unsigned((tokens + kTileT - 1) / kTileT)), block, 0, name,
+                        args...);
+}
+
+// partials: launch the partial-sum kernel first (else the scratch holds them already); norm: fuse the
+// RMSNorm of the collapsed rows into the finishing kernel.
+template <int HC, bool HEAD>
+void launch_mix_hc(cuda::Context& ctx, const HcKParams& p, int64_t tokens, float* part, bool partials,
+                   const NormOut* norm) {
+  const int64_t nch = n_chunks(HC, p.dim);
+  if (partials)
+    launch_partial(ctx, hc_mix_partial_kernel<HC, HEAD, 1>, hc_mix_partial_kernel<HC, HEAD, kTileT>, nch, tokens,
+                   "hc_mix_partial_kernel", p, tokens, part);
+  if (norm)
+    cuda::launch_kernel(ctx, hc_mix_finish_kernel<HC, HEAD, true>, dim3(unsigned(tokens)),
+                        dim3(unsigned(cuda::rms_norm_threads(p.dim))), size_t(p.dim) * 4, "hc_mix_finish_norm_kernel",
+                        p, nch, static_cast<const float*>(part), *norm);
+  else
+    cuda::launch_kernel(ctx, hc_mix_finish_kernel<HC, HEAD, false>, dim3(unsigned(tokens)), dim3(unsigned(kThreads)),
+                        0, "hc_mix_finish_kernel", p, nch, static_cast<const float*>(part), NormOut{});
 }
 
 template <bool HEAD>
-void launch_mix(cuda::Context& ctx, int64_t hc, const HcKParams& p, int64_t tokens, float* part) {
+void launch_mix(cuda::Context& ctx, int64_t hc, const HcKParams& p, int64_t tokens, float* part, bool partials = true,
+                const NormOut* norm = nullptr) {
   CM_CU_CHECK(part, "hc: no scratch for the partial sums (hc_mix_scratch_floats)");
   CM_CU_CHECK((tokens + kTileT - 1) / kTileT < 65536, "hc: %lld tokens exceed the grid", (long long)tokens);
   switch (hc) {
-    case 1: launch_mix_hc<1, HEAD>(ctx, p, tokens, part); break;
-    case 2: launch_mix_hc<2, HEAD>(ctx, p, tokens, part); break;
-    case 3: launch_mix_hc<3, HEAD>(ctx, p, tokens, part); break;
-    default: launch_mix_hc<4, HEAD>(ctx, p, tokens, part); break;
+    case 1: launch_mix_hc<1, HEAD>(ctx, p, tokens, part, partials, norm); break;
+    case 2: launch_mix_hc<2, HEAD>(ctx, p, tokens, part, partials, norm); break;
+    case 3: launch_mix_hc<3, HEAD>(ctx, p, tokens, part, partials, norm); break;
+    default: launch_mix_hc<4, HEAD>(ctx, p, tokens, part, partials, norm); break;
   }
+}
+
+template <int HC>
+void launch_post(cuda::Context& ctx, int64_t dim, const float* out, const float* post, const float* comb,
+                 int64_t tokens, const float* x_in, float* x_out, const HcParams* next, float* part) {
+  if (!next) {
+    const int64_t n = tokens * dim;
+    cuda::launch_kernel(ctx, hc_post_kernel<HC>, dim3(unsigned((n + 255) / 256)), dim3(256u), 0, "hc_post_kernel", dim,
+                        out, post, comb, tokens, x_in, x_out);
+    return;
+  }
+  const HcKParams p{next->fn, next->base, next->scale, dim, int(next->sinkhorn_iters), next->hc_eps, next->norm_eps,
+                    nullptr, nullptr, nullptr, nullptr};
+  const LoadPosted<HC> load{x_in, x_out, out, post, comb, dim};
+  launch_partial(ctx, hc_post_mix_kernel<HC, 1>, hc_post_mix_kernel<HC, kTileT>, n_chunks(HC, dim), tokens,
+                 "hc_post_mix_kernel", p, load, tokens, part);
 }
 
 void check_hc(const char* what, int64_t hc, int64_t dim, int64_t tokens) {
   CM_CU_CHECK(hc >= 1 && hc <= 4, "%s: hc_mult %lld unsupported on the GPU (1..4)", what, (long long)hc);
   CM_CU_CHECK(dim > 0 && tokens < (int64_t(1) << 31), "%s: bad shape (dim %lld, %lld tokens)", what, (long long)dim,
               (long long)tokens);
+}
+
+// The fused norm stages a row in shared memory, as rms_norm_cuda does (and with its limit).
+void check_norm(const char* what, int64_t dim, const HcNormOut& norm) {
+  CM_CU_CHECK(dim <= kNormMaxDim, "%s: row length %lld above the fused RMSNorm's %lld", what, (long long)dim,
+              (long long)kNormMaxDim);
+  CM_CU_CHECK(norm.y, "%s: no output for the normed rows", what);
 }
 
 }  // namespace
@@ -247,16 +361,48 @@ void hc_head_cuda(cuda::Context& ctx, const HcHeadParams& p, const float* x, int
 
 void hc_post_cuda(cuda::Context& ctx, int64_t hc, int64_t dim, const float* out, const float* post, const float* comb,
                   int64_t tokens, float* x) {
-  check_hc("hc_post_cuda", hc, dim, tokens);
-  if (tokens <= 0) return;
-  const int64_t n = tokens * dim;
-  const dim3 grid{unsigned((n + 255) / 256)}, block{256u};
-  switch (hc) {
-    case 1: cuda::launch_kernel(ctx, hc_post_kernel<1>, grid, block, 0, "hc_post_kernel", dim, out, post, comb, tokens, x); break;
-    case 2: cuda::launch_kernel(ctx, hc_post_kernel<2>, grid, block, 0, "hc_post_kernel", dim, out, post, comb, tokens, x); break;
-    case 3: cuda::launch_kernel(ctx, hc_post_kernel<3>, grid, block, 0, "hc_post_kernel", dim, out, post, comb, tokens, x); break;
-    default: cuda::launch_kernel(ctx, hc_post_kernel<4>, grid, block, 0, "hc_post_kernel", dim, out, post, comb, tokens, x); break;
+  hc_post_mix_cuda(ctx, hc, dim, out, post, comb, tokens, x, x, nullptr, nullptr);
+}
+
+void hc_post_mix_cuda(cuda::Context& ctx, int64_t hc, int64_t dim, const float* out, const float* post,
+                      const float* comb, int64_t tokens, const float* x_in, float* x_out, const HcParams* next,
+                      float* scratch) {
+  check_hc(next ? "hc_post_mix_cuda" : "hc_post_cuda", hc, dim, tokens);
+  if (next) {
+    CM_CU_CHECK(x_in != x_out, "hc_post_mix_cuda: the fused post writes its streams out of place (x_in == x_out)");
+    CM_CU_CHECK(next->hc == hc && next->dim == dim, "hc_post_mix_cuda: the next hc_pre is hc %lld x %lld, the post %lld x %lld",
+                (long long)next->hc, (long long)next->dim, (long long)hc, (long long)dim);
+    CM_CU_CHECK(scratch, "hc_post_mix_cuda: no scratch for the partial sums (hc_mix_scratch_floats)");
+    CM_CU_CHECK((tokens + kTileT - 1) / kTileT < 65536, "hc: %lld tokens exceed the grid", (long long)tokens);
   }
+  if (tokens <= 0) return;
+  switch (hc) {
+    case 1: launch_post<1>(ctx, dim, out, post, comb, tokens, x_in, x_out, next, scratch); break;
+    case 2: launch_post<2>(ctx, dim, out, post, comb, tokens, x_in, x_out, next, scratch); break;
+    case 3: launch_post<3>(ctx, dim, out, post, comb, tokens, x_in, x_out, next, scratch); break;
+    default: launch_post<4>(ctx, dim, out, post, comb, tokens, x_in, x_out, next, scratch); break;
+  }
+}
+
+void hc_pre_norm_cuda(cuda::Context& ctx, const HcParams& p, const float* x, int64_t tokens, float* collapsed,
+                      float* post, float* comb, float* scratch, const HcNormOut& norm, bool partials_ready) {
+  check_hc("hc_pre_norm_cuda", p.hc, p.dim, tokens);
+  CM_CU_CHECK(p.sinkhorn_iters >= 1, "hc_pre_norm_cuda: sinkhorn_iters must be >= 1");
+  check_norm("hc_pre_norm_cuda", p.dim, norm);
+  if (tokens <= 0) return;
+  HcKParams k{p.fn, p.base, p.scale, p.dim, int(p.sinkhorn_iters), p.hc_eps, p.norm_eps, x, collapsed, post, comb};
+  const NormOut no{norm.w, norm.eps, norm.y, norm.y_copy_bf16};
+  launch_mix<false>(ctx, p.hc, k, tokens, scratch, !partials_ready, &no);
+}
+
+void hc_head_norm_cuda(cuda::Context& ctx, const HcHeadParams& p, const float* x, int64_t tokens, float* scratch,
+                       const HcNormOut& norm) {
+  check_hc("hc_head_norm_cuda", p.hc, p.dim, tokens);
+  check_norm("hc_head_norm_cuda", p.dim, norm);
+  if (tokens <= 0) return;
+  HcKParams k{p.fn, p.base, p.scale, p.dim, 0, p.hc_eps, p.norm_eps, x, nullptr, nullptr, nullptr};
+  const NormOut no{norm.w, norm.eps, norm.y, norm.y_copy_bf16};
+  launch_mix<true>(ctx, p.hc, k, tokens, scratch, true, &no);
 }
 
 }  // namespace cm

@@ -40,6 +40,44 @@ void decode_in_slices(const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_
   }
 }
 
+// Two decode linears of one input in one launch (linear_fp8_pair, linear_nvfp4_pair; q_a and kv at
+// decode): for at most 32 rows, ungrouped, the same K, both on the split-K path (fewer than 8 row
+// blocks per SM, as the single launch decides), so each CTA runs what it would in its own launch.
+// Checks the arguments and calls launch(std::integral_constant<int, MT>) -> bool (false: nothing
+// launched); false when the two do not pair.
+template <class W, class Launch>
+bool decode_pair(Context& ctx, const W& wa, const W& wb, const uint16_t* x, int64_t M, int64_t ldx, int64_t ldya,
+                 int64_t ldyb, Launch&& launch) {
+  const int64_t most = int64_t(ctx.sm_count()) * 8;
+  if (M <= 0 || M > 32 || wa.K != wb.K || wa.groups != 1 || wb.groups != 1 || wa.row_blocks >= most ||
+      wb.row_blocks >= most)
+    return false;
+  CM_CU_CHECK(ldx >= wa.K && ldya >= wa.N && ldyb >= wb.N, "linears '%s' + '%s': leading dimensions too small",
+              wa.name.c_str(), wb.name.c_str());
+  CM_CU_CHECK((ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0,
+              "linears '%s' + '%s': activations must be 16-byte aligned rows", wa.name.c_str(), wb.name.c_str());
+  if (M <= 8) return launch(std::integral_constant<int, 1>{});
+  if (M <= 16) return launch(std::integral_constant<int, 2>{});
+  return launch(std::integral_constant<int, 4>{});
+}
+
+// The pair's split-K workspace: each linear its own partials (128·MT floats per row block and split)
+// and counters, side by side in the Context's. P: a decode kernel's parameters (row_blocks, ksplit,
+// partials, counters). False, setting nothing, when the two do not fit (the caller launches them apart).
+template <class P>
+bool decode_pair_workspace(Context& ctx, P& a, P& b, int mt) {
+  const int64_t fa = a.ksplit > 1 ? int64_t(a.ksplit) * a.row_blocks * 128 * mt : 0;
+  const int64_t fb = b.ksplit > 1 ? int64_t(b.ksplit) * b.row_blocks * 128 * mt : 0;
+  const int64_t ca = a.ksplit > 1 ? a.row_blocks : 0, cb = b.ksplit > 1 ? b.row_blocks : 0;
+  if (size_t(fa + fb) > ctx.workspace().splitk_floats || size_t(ca + cb) > ctx.workspace().splitk_counters)
+    return false;
+  float* part = ctx.splitk_partials(size_t(fa + fb));
+  unsigned* cnt = ctx.splitk_counters(size_t(ca + cb));
+  if (a.ksplit > 1) a.partials = part, a.counters = cnt;
+  if (b.ksplit > 1) b.partials = part + fa, b.counters = cnt + ca;
+  return true;
+}
+
 // K split of a decode launch over row_blocks CTAs of `chunks` 64-k chunks:
 // about one wave of CTAs (sm_count * occupancy) while keeping at least 2
 // chunks per warp (8 per CTA) so the pipelined loads overlap the math.

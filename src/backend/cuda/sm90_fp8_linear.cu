@@ -37,11 +37,11 @@ struct Fp8Unroll {
   static constexpr int value = MT == 1 ? 4 : (MT == 2 || !PIPE ? 2 : 1);
 };
 
+// One CTA's work: row block rb, K split `split` of the linear p.
 template <int MT, bool PIPE>
-__global__ void __launch_bounds__(128) fp8_decode_kernel(const Fp8DecodeParams p) {
+__device__ __forceinline__ void fp8_decode_cta(const Fp8DecodeParams& p, const int rb, const int split) {
   using namespace sm90;
   constexpr int U = Fp8Unroll<MT, PIPE>::value;
-  const int rb = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t c_begin = int64_t(split) * p.chunks_per_split;
   const int64_t c_end = min(p.chunks, c_begin + p.chunks_per_split);
@@ -75,6 +75,23 @@ __global__ void __launch_bounds__(128) fp8_decode_kernel(const Fp8DecodeParams p
   reduce_warps<MT>(acc, red, vals);
   if (!splitk_combine<MT>(vals, p.partials, p.counters, p.ksplit, split, p.row_blocks, rb)) return;
   store_tile<MT>(vals, rb, p.M, p.N, p.y, p.ldy, p.y_bf16 != 0, 1.0f);
+}
+
+template <int MT, bool PIPE>
+__global__ void __launch_bounds__(128) fp8_decode_kernel(const Fp8DecodeParams p) {
+  fp8_decode_cta<MT, PIPE>(p, blockIdx.x, blockIdx.y);
+}
+
+// Two linears of one input in one launch (linear_fp8_pair): each CTA runs its linear's (row block,
+// split) as fp8_decode_kernel's grid would, with that linear's own partials and counters, so every
+// output has the bits of its own launch.
+template <int MT>
+__global__ void __launch_bounds__(128) fp8_decode_pair_kernel(const Fp8DecodeParams a, const Fp8DecodeParams b) {
+  int rb, split;
+  if (sm90::pair_cta(a.row_blocks, a.ksplit, b.row_blocks, rb, split))
+    fp8_decode_cta<MT, true>(a, rb, split);
+  else
+    fp8_decode_cta<MT, true>(b, rb, split);
 }
 
 // Expands rows of row blocks [rb0, rb0+row_blocks) to bf16 [rows, K] at
@@ -145,6 +162,28 @@ void launch_decode(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
   launch_kernel(ctx, fp8_decode_kernel<MT, true>, grid, dim3(128), 0, "fp8_decode_kernel", p);
 }
 
+// The pair launch of one slice of at most 32 tokens; false (nothing launched) when the two split-K
+// workspaces do not fit side by side.
+template <int MT>
+bool launch_decode_pair(Context& ctx, const DeviceFp8Linear& wa, const DeviceFp8Linear& wb, const uint16_t* x,
+                        int64_t M, int64_t ldx, void* ya, int64_t ldya, void* yb, int64_t ldyb, OutType out) {
+  Fp8DecodeParams p[2]{};
+  const DeviceFp8Linear* w[2] = {&wa, &wb};
+  void* y[2] = {ya, yb};
+  const int64_t ldy[2] = {ldya, ldyb};
+  for (int k = 0; k < 2; ++k) {
+    static_cast<Fp8Args&>(p[k]) = fp8_args(*w[k], x, M, ldx, y[k], ldy[k], out);
+    const SplitK sk = fp8_decode_split(ctx, *w[k]);
+    p[k].ksplit = int(sk.ksplit);
+    p[k].chunks_per_split = int(sk.per);
+  }
+  if (!decode_pair_workspace(ctx, p[0], p[1], MT)) return false;
+  const int64_t ctas = int64_t(p[0].row_blocks) * p[0].ksplit + int64_t(p[1].row_blocks) * p[1].ksplit;
+  launch_kernel(ctx, fp8_decode_pair_kernel<MT>, dim3(unsigned(ctas)), dim3(128), 0, "fp8_decode_pair_kernel", p[0],
+                p[1]);
+  return true;
+}
+
 // The decode kernel over 32-token slices (MT = 1, 2 or 4 by slice size).
 void decode_slices(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                    int64_t ldy, OutType out) {
@@ -196,6 +235,13 @@ void dequant_fp8_bf16(Context& ctx, const DeviceFp8Linear& w, int64_t row0, int6
       w.data.as<const uint4>(), w.scales.as<const float>(), w.chunks, int(w.scale_cols),
       int(std::min(w.N, row0 + rows)), int(w.K), rb0, nrb, row0, reinterpret_cast<__nv_bfloat16*>(out));
   CM_CUDA_LAUNCH("fp8_dequant_kernel");
+}
+
+bool linear_fp8_pair(Context& ctx, const DeviceFp8Linear& wa, const DeviceFp8Linear& wb, const uint16_t* x, int64_t M,
+                     int64_t ldx, void* ya, int64_t ldya, void* yb, int64_t ldyb, OutType out) {
+  return decode_pair(ctx, wa, wb, x, M, ldx, ldya, ldyb, [&](auto mt) {
+    return launch_decode_pair<decltype(mt)::value>(ctx, wa, wb, x, M, ldx, ya, ldya, yb, ldyb, out);
+  });
 }
 
 const char* linear_fp8(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,

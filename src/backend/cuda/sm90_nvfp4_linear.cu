@@ -49,11 +49,11 @@ struct Unroll {
 
 // PIPE: pipelined chunk loop (used with split-K for matrices with few row
 // blocks); !PIPE: plain loop with more resident warps (many row blocks).
+// One CTA's work: row block rb, K split `split` of the linear p.
 template <int MT, bool PIPE>
-__global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p) {
+__device__ __forceinline__ void nvfp4_decode_cta(const DecodeParams& p, const int rb, const int split) {
   using namespace sm90;
   constexpr int U = Unroll<MT>::value;
-  const int rb = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t c_begin = int64_t(split) * p.chunks_per_split;
   const int64_t c_end = min(p.chunks, c_begin + p.chunks_per_split);
@@ -90,6 +90,23 @@ __global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p)
 
   if (!splitk_combine<MT>(vals, p.partials, p.counters, p.ksplit, split, p.row_blocks, rb)) return;
   store_tile<MT>(vals, rb, p.M, p.N, p.y, p.ldy, p.y_bf16 != 0, p.out_scale);
+}
+
+template <int MT, bool PIPE>
+__global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p) {
+  nvfp4_decode_cta<MT, PIPE>(p, blockIdx.x, blockIdx.y);
+}
+
+// Two linears of one input in one launch (linear_nvfp4_pair): each CTA runs its linear's (row block,
+// split) as nvfp4_decode_kernel's grid would, with that linear's own partials and counters, so every
+// output has the bits of its own launch.
+template <int MT>
+__global__ void __launch_bounds__(128) nvfp4_decode_pair_kernel(const DecodeParams a, const DecodeParams b) {
+  int rb, split;
+  if (sm90::pair_cta(a.row_blocks, a.ksplit, b.row_blocks, rb, split))
+    nvfp4_decode_cta<MT, true>(a, rb, split);
+  else
+    nvfp4_decode_cta<MT, true>(b, rb, split);
 }
 
 // Expands rows [row0, row0+rows) (row0 % 16 == 0) to bf16 [rows, K], exact.
@@ -154,9 +171,8 @@ __global__ void random_fill_kernel(uint32_t* data, int64_t words, uint16_t* scal
   }
 }
 
-template <int MT>
-void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
-                   OutType out) {
+DecodeParams decode_params(const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
+                           OutType out) {
   DecodeParams p{};
   p.w = w.data.as<const uint4>();
   p.s = w.scales.as<const uint16_t>();
@@ -172,6 +188,13 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
   p.ldy = ldy;
   p.y_bf16 = out == OutType::BF16;
   p.out_scale = kEpilogueFactor * w.scale_2;
+  return p;
+}
+
+template <int MT>
+void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
+                   OutType out) {
+  DecodeParams p = decode_params(w, x, M, ldx, y, ldy, out);
   if (w.row_blocks >= int64_t(ctx.sm_count()) * 8) {
     // Many row blocks (wq_b, the LM head): one CTA per row block, no split,
     // the plain loop (measured faster here than the pipelined one).
@@ -191,6 +214,25 @@ void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64
   }
   dim3 grid(unsigned(w.row_blocks), unsigned(sk.ksplit));
   launch_kernel(ctx, nvfp4_decode_kernel<MT, true>, grid, dim3(128), 0, "nvfp4_decode_kernel", p);
+}
+
+// The pair launch of one slice of at most 32 tokens (the split-K path of both, as launch_decode
+// chooses it); false (nothing launched) when the two split-K workspaces do not fit side by side.
+template <int MT>
+bool launch_decode_pair(Context& ctx, const DeviceLinear& wa, const DeviceLinear& wb, const uint16_t* x, int64_t M,
+                        int64_t ldx, void* ya, int64_t ldya, void* yb, int64_t ldyb, OutType out) {
+  DecodeParams p[2] = {decode_params(wa, x, M, ldx, ya, ldya, out), decode_params(wb, x, M, ldx, yb, ldyb, out)};
+  const DeviceLinear* w[2] = {&wa, &wb};
+  for (int k = 0; k < 2; ++k) {
+    const SplitK sk = decode_split(ctx.sm_count(), ctx.setup().nvfp4_decode_occupancy, w[k]->row_blocks, w[k]->chunks);
+    p[k].ksplit = int(sk.ksplit);
+    p[k].chunks_per_split = int(sk.per);
+  }
+  if (!decode_pair_workspace(ctx, p[0], p[1], MT)) return false;
+  const int64_t ctas = int64_t(p[0].row_blocks) * p[0].ksplit + int64_t(p[1].row_blocks) * p[1].ksplit;
+  launch_kernel(ctx, nvfp4_decode_pair_kernel<MT>, dim3(unsigned(ctas)), dim3(128), 0, "nvfp4_decode_pair_kernel",
+                p[0], p[1]);
+  return true;
 }
 
 }  // namespace
@@ -270,6 +312,13 @@ const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_m
   if (prefill == PrefillKernel::MmaTiles) return "mma.sync prefill";
   if (prefill == PrefillKernel::Wgmma || (prefill == PrefillKernel::Auto && auto_uses_wgmma(w, M))) return "wgmma";
   return "dequant+cuBLAS";
+}
+
+bool linear_nvfp4_pair(Context& ctx, const DeviceLinear& wa, const DeviceLinear& wb, const uint16_t* x, int64_t M,
+                       int64_t ldx, void* ya, int64_t ldya, void* yb, int64_t ldyb, OutType out) {
+  return decode_pair(ctx, wa, wb, x, M, ldx, ldya, ldyb, [&](auto mt) {
+    return launch_decode_pair<decltype(mt)::value>(ctx, wa, wb, x, M, ldx, ya, ldya, yb, ldyb, out);
+  });
 }
 
 void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,

@@ -38,6 +38,18 @@ __device__ __forceinline__ bool splitk_combine(float (&vals)[MT], float* partial
   return true;
 }
 
+// The pair decode kernels (two linears in one grid, linear_host.cuh): CTA i < ra·ka runs linear a's
+// row block i mod ra and split i / ra, as a's own grid (ra, ka) would; the rest linear b's likewise.
+// Returns whether the CTA belongs to a.
+__device__ __forceinline__ bool pair_cta(int ra, int ka, int rbb, int& rb, int& split) {
+  const int na = ra * ka, i = blockIdx.x;
+  const bool first = i < na;
+  const int j = first ? i : i - na, rows = first ? ra : rbb;
+  rb = j % rows;
+  split = j / rows;
+  return first;
+}
+
 // Writes out[tok, n] = vals * mul for the tile's tokens < M and rows < N
 // (value v = tid + 128 q is token v / 16, row rb*16 + v % 16; tid: the
 // thread's index in its 128-thread group, threadIdx.x for the decode kernels).
