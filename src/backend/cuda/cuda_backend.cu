@@ -737,8 +737,13 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
 void CudaBackend::expert(const cuda::DevExpert& e, const float* x, const uint16_t* x_bf, int64_t n, float* y) {
   const int64_t I = e.w1.N;
   float *g = P<float>(act_.g), *up = P<float>(act_.up);
-  linear2(e.w1, x, x_bf, n, g);
-  linear2(e.w3, x, x_bf, n, up);
+  // w1 and w3 share their input: one decode launch for both (each output with its own launch's bits).
+  if (!x_bf || !cuda::run_linear_pair(*ctx_, e.w1, e.w3, x_bf, n, g, up)) {
+    linear2(e.w1, x, x_bf, n, g);
+    linear2(e.w3, x, x_bf, n, up);
+  } else {
+    mark("w1+w3");
+  }
   // SwiGLU writes bf16 for an FP8/NVFP4 w2 (the bits of the cast its f32 output would get).
   const bool hb = e.w2.wants_bf16_input();
   void* h = hb ? static_cast<void*>(P<uint16_t>(act_.h_bf)) : static_cast<void*>(g);
