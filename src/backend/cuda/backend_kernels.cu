@@ -259,8 +259,12 @@ void gather_scores(Context& ctx, const float* score, int64_t ld, const int32_t* 
 void count_non_finite(Context& ctx, const NonFiniteBatch& b, int64_t rows) {
   CM_CU_CHECK(b.count >= 0 && b.count <= NonFiniteBatch::kMax, "count_non_finite: %d intermediates in a batch", b.count);
   if (rows <= 0 || b.count == 0) return;
-  launch_kernel(ctx, count_non_finite_kernel, dim3(unsigned(rows), unsigned(b.count)), dim3(256), 0,
-                "count_non_finite_kernel", b);
+  // 1024 threads when a row is 32 KiB or more (a one-token step's q and attention output: 64 x 512),
+  // so that one CTA's loads of it are in flight together.
+  int64_t widest = 0;
+  for (int e = 0; e < b.count; ++e) widest = std::max<int64_t>(widest, b.width[e] * (b.bf16[e] ? 2 : 4));
+  launch_kernel(ctx, count_non_finite_kernel, dim3(unsigned(rows), unsigned(b.count)),
+                dim3(widest >= 32768 ? 1024u : 256u), 0, "count_non_finite_kernel", b);
 }
 
 }  // namespace cm::cuda

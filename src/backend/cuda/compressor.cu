@@ -132,7 +132,10 @@ void compressor_step_cuda(cuda::Context& ctx, const CompressorStateView& st, con
   if (n <= 0) return;
   CM_CU_CHECK(n < (int64_t(1) << 31), "compressor_step_cuda: %lld tokens exceed the grid", (long long)n);
   PoolParams p{st, ape, norm_w, eps, rope.freqs, int(rope.rope_dim), rope.attention_factor, kv, gate, slot, pos, n};
-  cuda::launch_kernel(ctx, compressor_pool_kernel, dim3(unsigned(n)), dim3(128), size_t(st.dc) * 4,
+  // A thread per channel up to 512 (each channel's pooling is a chain of dependent loads over the
+  // block's positions; 128 threads gave a one-token CSA step ~20 µs of it).
+  const unsigned threads = unsigned(std::min<int64_t>(512, (st.dc + 31) / 32 * 32));
+  cuda::launch_kernel(ctx, compressor_pool_kernel, dim3(unsigned(n)), dim3(threads), size_t(st.dc) * 4,
                       "compressor_pool_kernel", p);
   cuda::launch_kernel(ctx, compressor_store_kernel, dim3(unsigned(n)), dim3(128), 0, "compressor_store_kernel", st, kv,
                       gate, slot, pos, n);
