@@ -278,10 +278,14 @@ TEST(Cli, InputFilesMustBeRegular) {
 // --gpu-memory-utilization on every command that takes --device: accepted in (0, 1] (a CPU run
 // ignores it), anything else is a usage error naming the flag and the range; the environment
 // mirror is checked the same way.
-// --enforce-eager (CUDA graphs off) is a flag of every command that runs the model; on the CPU it
-// changes nothing, so the logits are those of a run without it.
+// --enforce-eager (CUDA graphs off) and --fast-prefill (CUDA: cuBLAS for long prefill steps) are
+// flags of every command that runs the model; on the CPU they change nothing, so the logits are
+// those of a run without them.
 TEST(Cli, EnforceEagerIsAcceptedAndChangesNoResult) {
   const std::string a = (scratch("eager") / "a.safetensors").string(), b = (scratch("eager") / "b.safetensors").string();
+  const std::string c = (scratch("eager") / "c.safetensors").string();
+  Result fast = run("logits -m " + kModel + " --tokens 5,17 --device cpu --fast-prefill -o " + c);
+  EXPECT_EQ(fast.code, 0) << fast.err;
   Result with = run("logits -m " + kModel + " --tokens 5,17 --device cpu --enforce-eager -o " + a);
   EXPECT_EQ(with.code, 0) << with.err;
   Result without = run("logits -m " + kModel + " --tokens 5,17 --device cpu -o " + b);
@@ -292,7 +296,8 @@ TEST(Cli, EnforceEagerIsAcceptedAndChangesNoResult) {
   };
   EXPECT_FALSE(bytes(a).empty());
   EXPECT_EQ(bytes(a), bytes(b));
-  Result gen = run("generate -m " + kModel + " --tokens 5 -n 1 --device cpu --enforce-eager");
+  EXPECT_EQ(bytes(c), bytes(b));
+  Result gen = run("generate -m " + kModel + " --tokens 5 -n 1 --device cpu --enforce-eager --fast-prefill");
   EXPECT_EQ(gen.code, 0) << gen.err;
   Result bad = run("logits -m " + kModel + " --tokens 5,17 --device cpu --enforce-eager=maybe -o " + a);
   EXPECT_EQ(bad.code, 1) << bad.err;

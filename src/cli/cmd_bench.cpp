@@ -28,6 +28,7 @@ struct BenchOptions {
   std::string only;
   int repeats = 7;
   bool no_pdl = false;
+  bool fast_prefill = false;
   // bench model
   int64_t layers = 0;
   std::vector<int64_t> prefill{2048, 8192};
@@ -148,6 +149,7 @@ int run_bench_model(const BenchOptions& o) {
   mo.fill_chunk = o.fill_chunk;
   mo.max_seconds = o.max_seconds;
   mo.json_file = o.json_file;
+  mo.fast_prefill = o.fast_prefill;
   nlohmann::json r = cm::cuda::run_model_bench(mo);
   if (o.json) fmt::print("{}\n", r.dump(2));
   else print_model_table(r);
@@ -214,6 +216,9 @@ cm::cli::CommandRegistrar reg({"bench", "Benchmark the GPU kernels or a syntheti
                                  app.add_option("--max-seconds", o->max_seconds, "model: skip the points left after this many seconds (0 = no limit)");
                                  app.add_flag("--no-pdl", o->no_pdl,
                                               "Launch the decode kernels without programmatic dependent launch");
+                                 app.add_flag("--fast-prefill", o->fast_prefill,
+                                              "model: prefill steps over 256 tokens run the quantized linears as "
+                                              "BF16 cuBLAS GEMMs (not batch-invariant; as the engine's --fast-prefill)");
                                  return [o]() -> int { return run_bench(*o); };
                                }});
 

@@ -69,6 +69,10 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
                "CUDA: launch every kernel of a step eagerly instead of replaying the step's CUDA graph (same results, "
                "slower; for debugging and profiling)")
       ->envname("CLAWMINE_ENFORCE_EAGER");
+  app.add_flag("--fast-prefill", o.fast_prefill,
+               "CUDA: run the quantized linears of prefill steps over 256 tokens as BF16 cuBLAS GEMMs (faster; a "
+               "prompt's logits then depend on its chunking and on what shares its step, within bf16 rounding)")
+      ->envname("CLAWMINE_FAST_PREFILL");
   app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
                  "CUDA: the fraction of the GPU's total memory clawmine may use for weights, per-sequence state, "
                  "activations and workspaces, in (0, 1] (default 0.9); a model that does not fit in "
@@ -172,6 +176,7 @@ std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& 
   bo.act_quant = o.act_quant == "nvfp4" ? ActQuant::NVFP4 : ActQuant::NONE;
   bo.gpu_memory_utilization = o.gpu_memory_utilization;
   bo.cuda_graphs = !o.enforce_eager;
+  bo.batch_invariant = !o.fast_prefill;
   const Device d = o.device == "cpu"    ? Device::CPU
                    : o.device == "cuda" ? Device::CUDA
                                         : (gpu_present() ? Device::CUDA : Device::CPU);

@@ -61,6 +61,12 @@ struct BackendOptions {
   // CUDA: replay each step of up to 256 rows as a CUDA graph captured once per (rows, logits rows)
   // (same kernels, same bits as eager); false runs every kernel launch eagerly (--enforce-eager).
   bool cuda_graphs = true;
+  // CUDA: every row's result independent of the other rows of its step (true: the decode kernels'
+  // sums at every batch size, so a prompt gives the same logits however it is chunked or batched).
+  // false (--fast-prefill): steps of more than 256 rows (prefill chunks; never graphed) run their
+  // FP8/NVFP4 linears as BF16-expanded cuBLAS GEMMs — faster prefill, but a row's logits then depend
+  // on the step it was computed in. Decode steps (256 rows or fewer) are the same either way.
+  bool batch_invariant = true;
   LinearInputObserver* linear_inputs = nullptr;  // CPU: sees every linear's input (calibration)
   ActQuant act_quant = ActQuant::NONE;           // CPU: W4A4 emulation of NVFP4 linears
   // CPU: expert parallelism over ep_comm's ranks (null or one rank: off). Rank r owns the

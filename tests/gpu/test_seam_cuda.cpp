@@ -109,3 +109,63 @@ TEST(CudaGraphs, ReplayGivesTheEagerBits) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace cm;
+
+// Rows within 3% of max|logit| of ref, and rows whose argmax agrees with ref's.
+struct RowAgreement {
+  int64_t close = 0, agree = 0;
+  double max_d = 0, amax = 0;
+};
+RowAgreement compare_rows(const std::vector<float>& a, const std::vector<float>& ref, int64_t T, int64_t V) {
+  RowAgreement r;
+  r.max_d = seam_suite::max_abs(a, ref, &r.amax);
+  for (int64_t i = 0; i < T; ++i) {
+    const auto a0 = a.begin() + i * V, r0 = ref.begin() + i * V;
+    r.agree += std::max_element(a0, a0 + V) - a0 == std::max_element(r0, r0 + V) - r0;
+    double rd = 0;
+    for (int64_t j = 0; j < V; ++j) rd = std::max(rd, std::fabs(double(a0[j]) - double(r0[j])));
+    r.close += rd <= 0.03 * r.amax;
+  }
+  return r;
+}
+
+// --fast-prefill (BackendOptions::batch_invariant = false): a 400-token prompt in one step takes the
+// cuBLAS path for the default model's NVFP4 linears (more than 256 rows). Its logits differ from the
+// batch-invariant step's (another summation order: the option must change the path) and stay as close
+// to the CPU backend as the batch-invariant path's do (95% of rows within 3%, argmax >= 95%). Steps of
+// 256 rows or fewer are unchanged: the same prompt in chunks of 100 gives the batch-invariant bits.
+TEST(CudaFastPrefill, LongStepsUseCublasAndStayCloseToTheCpu) {
+  if (!device_available(Device::CUDA)) GTEST_SKIP() << "no CUDA device";
+  auto m = model_load(seam_suite::kData + "/../../models/default");
+  const int64_t V = m->config.vocab_size, T = 400;
+  ASSERT_GE(m->config.max_position_embeddings, T);
+  std::vector<int32_t> toks(static_cast<size_t>(T));
+  std::mt19937 rng(21);
+  for (int32_t& t : toks) t = int32_t(rng() % uint32_t(V));
+  const std::vector<float> cpu = test::cpu_logits(*m, toks, 0);
+  BackendOptions fast_opt;
+  fast_opt.batch_invariant = false;
+  auto exact = test::reserved_backend(*m, Device::CUDA, 2, int32_t(T), T);
+  auto fast = test::reserved_backend(*m, Device::CUDA, 2, int32_t(T), T, fast_opt);
+  const std::vector<float> e = test::feed_chunks(*exact, 0, toks.data(), T, 0, V);
+  const std::vector<float> f = test::feed_chunks(*fast, 0, toks.data(), T, 0, V);
+  const RowAgreement re = compare_rows(e, cpu, T, V), rf = compare_rows(f, cpu, T, V);
+  std::printf("  %lld-token step vs cpu: batch-invariant max|d| %.2f%% of max|logit|, rows within 3%% %lld, argmax "
+              "%lld; fast %.2f%%, %lld, %lld; fast vs batch-invariant max|d| %.3g\n",
+              (long long)T, 100.0 * re.max_d / re.amax, (long long)re.close, (long long)re.agree,
+              100.0 * rf.max_d / rf.amax, (long long)rf.close, (long long)rf.agree, seam_suite::max_abs(f, e));
+  EXPECT_NE(std::memcmp(e.data(), f.data(), e.size() * 4), 0) << "--fast-prefill changed nothing";
+  for (const RowAgreement* r : {&re, &rf}) {
+    EXPECT_GE(double(r->close), 0.95 * double(T));
+    EXPECT_GE(double(r->agree), 0.95 * double(T));
+  }
+  const std::vector<float> fc = test::feed_chunks(*fast, 1, toks.data(), T, 100, V);
+  const std::vector<float> ec = test::feed_chunks(*exact, 1, toks.data(), T, 100, V);
+  EXPECT_EQ(std::memcmp(fc.data(), ec.data(), fc.size() * 4), 0) << "steps of 100 rows differ under --fast-prefill";
+  EXPECT_EQ(std::memcmp(ec.data(), e.data(), ec.size() * 4), 0) << "the batch-invariant path is not chunk-invariant";
+}
+
+}  // namespace

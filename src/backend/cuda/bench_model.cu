@@ -112,7 +112,8 @@ void progress(const std::string& s) {
 SyntheticDevice::SyntheticDevice() = default;
 SyntheticDevice::~SyntheticDevice() = default;
 
-std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& shape, uint64_t seed) {
+std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& shape, uint64_t seed,
+                                                       bool batch_invariant) {
   CM_CU_CHECK(device_count() > 0, "bench model: no CUDA device is present");
   auto sd = std::make_unique<SyntheticDevice>();
   sd->model = synthetic_model_shell(synthetic_config(shape));
@@ -163,7 +164,9 @@ std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& sha
                {"shared_experts", group(g.shared)}, {"routers", group(g.router)},
                {"norms_mhc_sinks_rope", group(g.small)}, {"total", g.total()}};
   sd->timer = std::make_unique<OpTimer>(size_t(96 * c.num_layers + 64));
-  sd->backend = make_cuda_backend(*sd->model, std::move(dm), sd->timer.get());
+  BackendOptions bo;
+  bo.batch_invariant = batch_invariant;
+  sd->backend = make_cuda_backend(*sd->model, std::move(dm), sd->timer.get(), bo);
   return sd;
 }
 
@@ -326,7 +329,7 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
     if (shape.ratios.size() > size_t(fit)) shape.ratios.resize(size_t(fit));
   }
   const double tb = seconds_since(bn.t0);
-  auto sd = make_synthetic_device(shape, o.seed);
+  auto sd = make_synthetic_device(shape, o.seed, !o.fast_prefill);
   bn.sd = sd.get();
   const Config& c = sd->model->config;
   ModelBackend& be = *sd->backend;
@@ -334,6 +337,8 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
   const int64_t NL = c.num_layers;
   progress(strf("built %lld layers on the device in %.1f s", (long long)NL, seconds_since(bn.t0) - tb));
   out["layers"] = NL;
+  out["batch_invariant"] = !o.fast_prefill;
+  if (o.fast_prefill) progress("--fast-prefill: steps over 256 rows run the quantized linears through cuBLAS");
   out["config"] = synthetic_config_json(shape);
   out["memory"] = {{"weights", sd->bytes}, {"dense_bytes_per_layer", sd->dense_layer_bytes}};
   for (int64_t ctx : o.contexts)

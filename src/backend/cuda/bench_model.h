@@ -51,6 +51,7 @@ struct ModelBenchOptions {
   double max_seconds = 0;         // > 0: points left when this much time has passed are skipped (noted)
   std::string json_file;          // rewritten after every point, so a killed run leaves what it measured
   uint64_t seed = 1;
+  bool fast_prefill = false;      // BackendOptions::batch_invariant = false (--fast-prefill)
 };
 
 // A synthetic model on the device behind the engine seam.
@@ -68,7 +69,8 @@ struct SyntheticDevice {
 
 // Builds shape (all shape.layers layers) on the device. Throws naming the
 // memory it needs when the device has too little.
-std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& shape, uint64_t seed);
+std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& shape, uint64_t seed,
+                                                       bool batch_invariant = true);
 
 // Runs the benchmark; returns (and writes to json_file) the results. Progress
 // goes to stderr. Throws cm::Error when no CUDA device is usable.

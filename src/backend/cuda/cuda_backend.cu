@@ -194,7 +194,7 @@ constexpr size_t kWorkingBytes = size_t(256) << 20;
 // Steps of up to kGraphMaxRows rows run as CUDA graphs (decode batches and short prefill chunks: the
 // launches of a ~1,500-kernel step cost more than the kernels at small batches); at most kMaxGraphs
 // distinct (rows, logits rows) shapes are kept, further shapes run eagerly.
-constexpr int64_t kGraphMaxRows = 256;
+using cuda::kGraphMaxRows;
 constexpr size_t kMaxGraphs = 64;
 
 // A linear's op label: its name without the "layers.<L>." prefix ("attn.wq_a"), a pointer into the name.
@@ -216,8 +216,9 @@ CudaBackend::CudaBackend(const Model& m, const BackendOptions& opt, std::unique_
   dm_ = dm ? std::move(dm) : cuda::upload_model(m, kWorkingBytes, opt.gpu_memory_utilization);
   CM_CU_CHECK(dm_->layers.size() == size_t(m.config.num_layers), "cuda: the device model has %zu layers, the config %lld",
               dm_->layers.size(), (long long)m.config.num_layers);
-  // The split-K workspace only: the step never takes the cuBLAS prefill path, so no panels.
-  ctx_ = std::make_unique<Context>(0, true, 0);
+  // The split-K workspace, and panel scratch only for --fast-prefill (the batch-invariant step never
+  // takes the cuBLAS path).
+  ctx_ = std::make_unique<Context>(0, true, opt.batch_invariant ? 0 : cuda::fast_prefill_panel_bytes(*dm_));
   std::fprintf(stderr, "%s\n", dm_->report.c_str());
 }
 
@@ -399,7 +400,7 @@ void CudaBackend::copy_slot(int32_t from, int32_t to) {
 void CudaBackend::linear(const DevLinear& w, const void* x, bool x_bf16, int64_t M, void* y, int64_t ldx,
                          int64_t ldy) {
   cuda::run_linear(*ctx_, w, x, x_bf16, M, ldx ? ldx : w.K * w.groups, y, false, ldy ? ldy : w.N,
-                   P<uint16_t>(act_.cast));
+                   P<uint16_t>(act_.cast), opt_.batch_invariant);
   if (timer_) mark(op_label(w.name));
 }
 
@@ -727,7 +728,7 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   // the round-to-nearest-even of its f32 value), without the cast kernel.
   const bool ub = lw.wo_a.wants_bf16_input() && lw.wo_b.wants_bf16_input();
   void* u = ub ? static_cast<void*>(P<uint16_t>(a.u_bf)) : static_cast<void*>(P<float>(a.u));
-  cuda::run_linear(ctx, lw.wo_a, o, true, n, H * hd, u, ub, G * ol, P<uint16_t>(a.cast));
+  cuda::run_linear(ctx, lw.wo_a, o, true, n, H * hd, u, ub, G * ol, P<uint16_t>(a.cast), opt_.batch_invariant);
   if (timer_) mark(op_label(lw.wo_a.name));
   linear(lw.wo_b, u, ub, n, P<float>(a.out));
 }

@@ -13,6 +13,7 @@
 // Grouped linears (V4's wo_a: G independent [N/G, K] blocks, each applied to
 // its own K-slice of x) are the same call with groups = G.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -29,6 +30,16 @@ enum class OutType : uint8_t { F32, BF16 };
 // MmaTiles: the mma.sync prefill kernel (sm90_nvfp4_prefill.cu), bit for bit
 // the decode kernel's output for every row (the model's batch invariance).
 enum class PrefillKernel : uint8_t { Auto, Wgmma, DequantCublas, MmaTiles };
+
+// Bytes of Context panel scratch the dequant + cuBLAS path needs for one weight of N rows (all
+// groups) and K columns per group: the whole weight when grouped (one strided-batched GEMM), else
+// panels of up to 256 MiB (whole 16-row multiples).
+inline size_t prefill_panel_bytes(int64_t N, int64_t K, int groups) {
+  if (groups > 1) return size_t(N * K) * 2;
+  const int64_t rows = std::min<int64_t>(std::max<int64_t>(16, ((int64_t(256) << 20) / (2 * K)) / 16 * 16),
+                                         (N + 15) / 16 * 16);
+  return size_t(rows * K) * 2;
+}
 
 // From this many rows the model's linears (run_linear) take the mma.sync
 // prefill kernel instead of 32-row slices of the decode kernel (same bits).

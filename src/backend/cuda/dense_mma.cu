@@ -117,11 +117,10 @@ __global__ void __launch_bounds__(32 * kMmaWarps) dense_mma_kernel(const uint16_
   // per warp is unchanged, so every bit is. Tall tiles (M > 16: prefill,
   // many CTAs, compute-bound) keep one step per round: the extra registers
   // of a deeper round halved their occupancy and slowed them (~30%, the
-  // compressor projections at 2,048 rows). Narrow one-tile CTAs (the router,
-  // the compressors: 32–128 CTAs, one per SM at most) take 16 steps per round
-  // (206 registers, no spill): with 8, a one-token router call (2 MB) was
-  // ~15 µs, four memory round trips per warp.
-  constexpr int U = MT == 1 ? (NT == 1 ? 16 : 4) : 1;
+  // compressor projections at 2,048 rows). (16 steps per round for the narrow
+  // one-token tiles was tried: 206 registers, and the same ~15 µs a call
+  // under ncu, so the rounds are not what bounds it now.)
+  constexpr int U = MT == 1 ? (NT == 1 ? 8 : 4) : 1;
   const int64_t steps = (K + 15) / 16;
   for (int64_t s0 = warp; s0 < steps; s0 += int64_t(kMmaWarps) * U) {
     uint32_t b[U][NT][2];

@@ -95,7 +95,7 @@ size_t DevLinear::bytes() const {
 }
 
 void run_linear(Context& ctx, const DevLinear& w, const void* x, bool x_bf16, int64_t M, int64_t ldx, void* y,
-                bool y_bf16, int64_t ldy, uint16_t* cast_scratch) {
+                bool y_bf16, int64_t ldy, uint16_t* cast_scratch, bool batch_invariant) {
   if (M <= 0) return;
   CM_CU_CHECK(!w.empty(), "run_linear: empty weight");
   if (!w.wants_bf16_input()) {
@@ -111,6 +111,13 @@ void run_linear(Context& ctx, const DevLinear& w, const void* x, bool x_bf16, in
     ldx = cols;
   }
   const OutType out = y_bf16 ? OutType::BF16 : OutType::F32;
+  if (!batch_invariant && M > kGraphMaxRows) {  // --fast-prefill: expanded panels through cuBLAS
+    if (w.fp4)
+      linear_nvfp4(ctx, *w.fp4, xb, M, ldx, y, ldy, out, kGraphMaxRows, PrefillKernel::DequantCublas);
+    else
+      linear_fp8(ctx, *w.fp8, xb, M, ldx, y, ldy, out, kGraphMaxRows, Fp8Prefill::Fast);
+    return;
+  }
   if (w.fp4)
     linear_nvfp4(ctx, *w.fp4, xb, M, ldx, y, ldy, out, kNvfp4TilesMinRows - 1, PrefillKernel::MmaTiles);
   else
@@ -127,6 +134,23 @@ bool run_linear_pair(Context& ctx, const DevLinear& a, const DevLinear& b, const
   if (a.fp4 && b.fp4)
     return linear_nvfp4_pair(ctx, *a.fp4, *b.fp4, x, M, a.K, y_a, a.N, y_b, b.N, OutType::F32);
   return false;
+}
+
+size_t fast_prefill_panel_bytes(const DevModel& m) {
+  size_t b = 0;
+  const auto take = [&](const DevLinear& w) {
+    if (w.wants_bf16_input()) b = std::max(b, prefill_panel_bytes(w.N, w.K, w.groups));
+  };
+  take(m.head);
+  for (const DevLayer& l : m.layers) {
+    for (const DevLinear* w : {&l.wq_a, &l.wq_b, &l.wkv, &l.wo_a, &l.wo_b, &l.index_wq_b, &l.index_weights_proj, &l.gate})
+      take(*w);
+    for (const DevCompressor* c : {l.comp.get(), l.index_comp.get()})
+      if (c) take(c->wkv), take(c->wgate);
+    for (const DevExpert& e : l.dense_experts) take(e.w1), take(e.w2), take(e.w3);
+    if (l.has_shared) take(l.shared.w1), take(l.shared.w2), take(l.shared.w3);
+  }
+  return b;
 }
 
 size_t model_device_bytes(const Model& m) {

@@ -40,8 +40,14 @@ struct DevLinear {
 // Every path computes a row independently of the other rows, with one kernel
 // whatever M (the decode kernels; FP8 from kFp8PrefillMinM rows the prefill
 // kernel, which gives the same bits; see cuda_backend.cu on batch invariance).
+// batch_invariant false (BackendOptions): FP8/NVFP4 weights at more than kGraphMaxRows rows run as
+// BF16 panels through cuBLAS (Context panel scratch of fast_prefill_panel_bytes), not batch-invariant.
 void run_linear(Context& ctx, const DevLinear& w, const void* x, bool x_bf16, int64_t M, int64_t ldx, void* y,
-                bool y_bf16, int64_t ldy, uint16_t* cast_scratch);
+                bool y_bf16, int64_t ldy, uint16_t* cast_scratch, bool batch_invariant = true);
+
+// Steps of up to this many rows run as CUDA graphs (cuda_backend.cu) and always through the
+// batch-invariant kernels.
+inline constexpr int64_t kGraphMaxRows = 256;
 
 // Two linears of the same bf16 rows x [M, K] (ldx = K) into f32 y_a, y_b (rows N apart), in one launch
 // when both are FP8 or both NVFP4/MXFP4 decode linears that pair (linear_fp8_pair, linear_nvfp4_pair),
@@ -96,6 +102,9 @@ struct DevModel {
   size_t total_bytes = 0;
   DevBytes bytes;
 };
+
+// The panel scratch run_linear's --fast-prefill path needs for the model's largest FP8/NVFP4 linear.
+size_t fast_prefill_panel_bytes(const DevModel& m);
 
 // Device bytes the weights will take (the stored bytes of every tensor).
 size_t model_device_bytes(const Model& m);

@@ -118,7 +118,7 @@ void prefill_bf16_panels(Context& ctx, const char* name, int64_t N, int64_t K, i
   const size_t esize = out == OutType::BF16 ? 2 : 4;
   if (groups > 1) {
     const int64_t ng = N / groups;
-    uint16_t* panel = static_cast<uint16_t*>(ctx.panel_scratch(size_t(N * K) * 2));
+    uint16_t* panel = static_cast<uint16_t*>(ctx.panel_scratch(prefill_panel_bytes(N, K, groups)));
     dequant(int64_t(0), N, panel);
     check_cublas(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(ng), int(M), int(K), &alpha, panel,
                                             CUDA_R_16BF, int(K), ng * K, x, CUDA_R_16BF, int(ldx), K, &beta, y, ct,
@@ -126,10 +126,8 @@ void prefill_bf16_panels(Context& ctx, const char* name, int64_t N, int64_t K, i
                  "cublasGemmStridedBatchedEx");
     return;
   }
-  const int64_t max_panel_bytes = int64_t(256) << 20;
-  int64_t panel_rows = std::max<int64_t>(16, (max_panel_bytes / (2 * K)) / 16 * 16);
-  panel_rows = std::min(panel_rows, (N + 15) / 16 * 16);
-  uint16_t* panel = static_cast<uint16_t*>(ctx.panel_scratch(size_t(panel_rows * K) * 2));
+  const int64_t panel_rows = int64_t(prefill_panel_bytes(N, K, 1) / size_t(2 * K));
+  uint16_t* panel = static_cast<uint16_t*>(ctx.panel_scratch(prefill_panel_bytes(N, K, 1)));
   for (int64_t r0 = 0; r0 < N; r0 += panel_rows) {
     const int64_t rows = std::min(panel_rows, N - r0);
     dequant(r0, rows, panel);
