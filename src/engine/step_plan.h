@@ -1,0 +1,38 @@
+// A step's plan, made by rank 0 and shipped to every rank of a group.
+//
+// Multi-GPU serving runs one process per GPU: rank 0 runs the HTTP server and
+// the scheduler, and every rank must run the same steps (the MoE layers'
+// collectives pair up step by step). So before each step rank 0 broadcasts the
+// batch it built — tokens, positions, slots, which rows want logits — and every
+// rank steps its own backend with it. The broadcast is two all_gatherv calls in
+// which only rank 0 contributes (a header with the row count, then the rows), so
+// it works over any Comm (threads in CI, NCCL on GPUs: there the buffers must be
+// device memory, so a caller stages them).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/comm.h"
+
+namespace cm {
+
+struct StepPlan {
+  std::vector<int32_t> token, pos, slot;  // one per row
+  std::vector<uint8_t> logits;            // 1 = the row's logits are wanted
+  int32_t rows() const { return int32_t(token.size()); }
+  Batch batch() const { return Batch{rows(), token.data(), pos.data(), slot.data(), logits.data()}; }
+};
+
+// The largest plan a broadcast carries (rows); a bigger one is refused.
+inline constexpr int32_t kMaxPlanRows = int32_t(1) << 24;
+
+// Collective (every rank calls it, in the same order as its other collectives):
+// returns rank 0's `plan` on every rank; the other ranks' `plan` is not read.
+// A plan of 0 rows is legal (a server's "no more steps"). A malformed plan on
+// rank 0 (vectors of different lengths, too many rows) makes every rank throw
+// the same error, rank 0 naming the problem and the others naming rank 0; no
+// rank is left waiting.
+StepPlan broadcast_plan(Comm& comm, const StepPlan& plan);
+
+}  // namespace cm
