@@ -1,0 +1,98 @@
+// LeaderBackend / run_follower (engine/rank_backend.h): R simulated ranks of
+// expert parallelism where only rank 0 makes calls — reserve, prefill in
+// chunks, copy_slot, two-slot decode, reset_slot, a refill, a keepalive, and an
+// invalid batch in the middle (out-of-vocabulary token: rank 0's caller gets
+// the error, the followers drop it and go on) — give rank 0 the logits of one
+// rank making the same calls, bit for bit; the followers return when the leader
+// is destroyed.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "common/error.h"
+#include "engine/rank_backend.h"
+#include "model/cpu_backend.h"
+#include "model/model.h"
+#include "rank_util.h"
+#include "step_util.h"
+
+using namespace cm;
+
+namespace {
+
+// The call sequence, on any backend; returns every logits row it received, in order.
+std::vector<float> script(ModelBackend& be, const std::vector<int32_t>& toks, int64_t V, int* errors) {
+  std::vector<float> all;
+  be.reserve(CacheShape{3, 6, int64_t(toks.size()) + 8});
+  const auto step = [&](const std::vector<int32_t>& t, const std::vector<int32_t>& p, const std::vector<int32_t>& s) {
+    std::vector<uint8_t> w(t.size(), 1);
+    std::vector<float> out(t.size() * size_t(V));
+    try {
+      be.step(Batch{int32_t(t.size()), t.data(), p.data(), s.data(), w.data()}, out.data());
+      all.insert(all.end(), out.begin(), out.end());
+    } catch (const Error&) {
+      ++*errors;
+    }
+  };
+  const int32_t n = int32_t(toks.size()) - 2;  // slot 0 takes all but the last two tokens
+  for (int32_t at = 0; at < n; at += 6) {
+    std::vector<int32_t> t, p, s;
+    for (int32_t i = at; i < std::min(n, at + 6); ++i) t.push_back(toks[size_t(i)]), p.push_back(i), s.push_back(0);
+    step(t, p, s);
+  }
+  be.copy_slot(0, 1);
+  step({toks[size_t(n)], toks[size_t(n + 1)]}, {n, n}, {0, 1});  // both slots decode
+  step({int32_t(V) + 5}, {n + 1}, {0});                         // out of vocabulary: refused everywhere
+  step({toks[0]}, {n + 1}, {1});
+  be.reset_slot(1);
+  if (auto* lead = dynamic_cast<LeaderBackend*>(&be)) lead->keepalive();
+  step({toks[2], toks[3], toks[4]}, {0, 1, 2}, {1, 1, 1});
+  return all;
+}
+
+TEST(RankBackend, FollowersRepeatRankZerosCallsBitExact) {
+  const std::string dir = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_text";
+  const test::Expected g = test::read_expected(dir);
+  const int64_t V = config_load(dir).vocab_size, E = config_load(dir).n_routed_experts;
+  auto one = model_load(dir);
+  CpuBackend ref_be(*one, BackendOptions{});
+  int ref_errors = 0;
+  const std::vector<float> ref = script(ref_be, g.tokens, V, &ref_errors);
+  ASSERT_EQ(ref_errors, 1);
+  for (int R : {2, 3, 4}) {
+    std::vector<float> got;
+    int errors = 0;
+    test::run_ranks(R, [&](Comm& comm) {
+      LoadOptions lo;
+      lo.experts = ExpertRange{expert_first(E, comm.rank(), R),
+                               expert_first(E, comm.rank() + 1, R) - expert_first(E, comm.rank(), R)};
+      auto m = model_load(dir, lo);
+      BackendOptions opt;
+      opt.ep_comm = &comm;
+      CpuBackend be(*m, opt);
+      if (comm.rank() == 0) {
+        LeaderBackend lead(be, comm);
+        got = script(lead, g.tokens, V, &errors);
+      } else {
+        run_follower(be, comm, V);
+      }
+    });
+    EXPECT_EQ(errors, 1) << "R=" << R;
+    ASSERT_EQ(got.size(), ref.size()) << "R=" << R;
+    EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * 4), 0) << "R=" << R;
+  }
+}
+
+TEST(RankBackend, WrongRanksAreRefused) {
+  test::run_ranks(2, [&](Comm& comm) {
+    auto m = model_load(std::string(CLAWMINE_TEST_DATA) + "/golden/hf_text");
+    CpuBackend be(*m, BackendOptions{});
+    if (comm.rank() == 1) {
+      EXPECT_THROW(LeaderBackend(be, comm), Error);
+    } else {
+      EXPECT_THROW(run_follower(be, comm, m->config.vocab_size), Error);
+    }
+  });
+}
+
+}  // namespace
