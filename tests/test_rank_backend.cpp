@@ -1,10 +1,12 @@
-// LeaderBackend / run_follower (engine/rank_backend.h): R simulated ranks of
+// LeaderBackend / run_follower (engine/rank_backend.h). 1) R simulated ranks of
 // expert parallelism where only rank 0 makes calls — reserve, prefill in
 // chunks, copy_slot, two-slot decode, reset_slot, a refill, a keepalive, and an
 // invalid batch in the middle (out-of-vocabulary token: rank 0's caller gets
 // the error, the followers drop it and go on) — give rank 0 the logits of one
 // rank making the same calls, bit for bit; the followers return when the leader
-// is destroyed.
+// is destroyed. 2) The server's scheduler (serve::Engine) over a LeaderBackend
+// of 2 and 3 ranks generates, for several concurrent requests (greedy and
+// sampled, chunked prefill), the tokens it generates on one rank.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -14,7 +16,9 @@
 #include "model/cpu_backend.h"
 #include "model/model.h"
 #include "rank_util.h"
+#include "serve/engine.h"
 #include "step_util.h"
+#include "tokenizer/tokenizer.h"
 
 using namespace cm;
 
@@ -93,6 +97,71 @@ TEST(RankBackend, WrongRanksAreRefused) {
       EXPECT_THROW(run_follower(be, comm, m->config.vocab_size), Error);
     }
   });
+}
+
+}  // namespace
+
+namespace {
+
+// Runs five requests through a serve::Engine on `be`; returns each request's generated ids.
+std::vector<std::vector<int32_t>> serve_jobs(ModelBackend& be, int64_t V) {
+  static const Tokenizer tok = Tokenizer::load(std::string(CLAWMINE_TEST_DATA) + "/tokenizer");
+  serve::EngineOptions o;
+  o.max_seqs = 3;
+  o.max_step_tokens = 8;
+  o.ctx = 48;
+  o.log_requests = false;
+  serve::Engine e(be, tok, V, o, nullptr);
+  std::vector<std::shared_ptr<serve::Job>> jobs;
+  for (int r = 0; r < 5; ++r) {
+    serve::JobSpec s;
+    s.id = "r" + std::to_string(r);
+    for (int i = 0; i < 9 + 4 * r; ++i) s.prompt.push_back(int32_t(3 + (i * 37 + r * 11) % (V - 3)));
+    s.max_tokens = 6;
+    s.ignore_eos = true;
+    s.sampling.temperature = r % 2 ? 0.9f : 0.f;
+    s.sampling.seed = 40 + uint64_t(r);
+    jobs.push_back(std::make_shared<serve::Job>(std::move(s)));
+    e.submit(jobs.back());
+  }
+  for (int i = 0; i < 1000 && e.step_once(); ++i) {
+  }
+  std::vector<std::vector<int32_t>> out;
+  for (auto& j : jobs) {
+    std::vector<int32_t> ids;
+    for (const serve::JobEvent& ev : j->pop(0))
+      for (const serve::TokenOut& t : ev.tokens) ids.push_back(t.id);
+    out.push_back(ids);
+  }
+  return out;
+}
+
+TEST(RankBackend, ServerSchedulerOverRanksGeneratesOneRanksTokens) {
+  const std::string dir = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_text";
+  const int64_t V = config_load(dir).vocab_size, E = config_load(dir).n_routed_experts;
+  auto one = model_load(dir);
+  CpuBackend ref_be(*one, BackendOptions{});
+  const std::vector<std::vector<int32_t>> ref = serve_jobs(ref_be, V);
+  for (const auto& ids : ref) ASSERT_EQ(ids.size(), 6u);
+  for (int R : {2, 3}) {
+    std::vector<std::vector<int32_t>> got;
+    test::run_ranks(R, [&](Comm& comm) {
+      LoadOptions lo;
+      lo.experts = ExpertRange{expert_first(E, comm.rank(), R),
+                               expert_first(E, comm.rank() + 1, R) - expert_first(E, comm.rank(), R)};
+      auto m = model_load(dir, lo);
+      BackendOptions opt;
+      opt.ep_comm = &comm;
+      CpuBackend be(*m, opt);
+      if (comm.rank() == 0) {
+        LeaderBackend lead(be, comm);
+        got = serve_jobs(lead, V);
+      } else {
+        run_follower(be, comm, V);
+      }
+    });
+    EXPECT_EQ(got, ref) << "R=" << R;
+  }
 }
 
 }  // namespace

@@ -108,7 +108,7 @@ void Engine::run() {
                       [&] { return stop_ || !incoming_.empty() || !running_.empty() || !waiting_.empty(); });
     }
     if (stop_) break;
-    step_once();
+    if (!step_once() && opt_.on_idle) opt_.on_idle();
   }
 }
 
