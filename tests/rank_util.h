@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/comm.h"
+#include "model/model.h"
 
 namespace cm::test {
 
@@ -28,6 +29,14 @@ inline void run_ranks(int R, const std::function<void(Comm&)>& fn, double timeou
   for (auto& t : th) t.join();
   for (auto& e : err)
     if (e) std::rethrow_exception(e);
+}
+
+// Rank r of R's model: only its routed experts [r·E/R, (r+1)·E/R) loaded.
+inline std::unique_ptr<Model> load_rank(const std::string& dir, int r, int R) {
+  const int64_t E = config_load(dir).n_routed_experts;
+  LoadOptions lo;
+  lo.experts = ExpertRange{expert_first(E, r, R), expert_first(E, r + 1, R) - expert_first(E, r, R)};
+  return model_load(dir, lo);
 }
 
 }  // namespace cm::test

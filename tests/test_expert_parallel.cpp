@@ -22,14 +22,6 @@ namespace {
 
 const std::string kData = CLAWMINE_TEST_DATA;
 
-std::unique_ptr<Model> load_rank(const std::string& dir, int r, int R) {
-  auto probe = config_load(dir);
-  const int64_t E = probe.n_routed_experts;
-  LoadOptions lo;
-  lo.experts = ExpertRange{expert_first(E, r, R), expert_first(E, r + 1, R) - expert_first(E, r, R)};
-  return model_load(dir, lo);
-}
-
 // Changes a model's routing in place so that every token picks the experts
 // [first, first + K): hash layers through tid2eid, score layers through the bias.
 void route_all_to(Model& m, int32_t first) {
@@ -68,7 +60,7 @@ std::vector<RankRun> run_ep(const std::string& dir, int R, const std::vector<int
                             int32_t route_to = -1, bool three = false) {
   std::vector<RankRun> out(static_cast<size_t>(R));
   test::run_ranks(R, [&](Comm& comm) {
-    auto m = load_rank(dir, comm.rank(), R);
+    auto m = test::load_rank(dir, comm.rank(), R);
     if (three) three_per_token(*m);
     if (route_to >= 0) route_all_to(*m, route_to);
     BackendOptions opt;
@@ -164,7 +156,7 @@ TEST(EpDataParallel, EachRankItsOwnSequence) {
     std::vector<std::vector<float>> got(static_cast<size_t>(R));
     test::run_ranks(R, [&](Comm& comm) {
       const int r = comm.rank();
-      auto m = load_rank(dir, r, R);
+      auto m = test::load_rank(dir, r, R);
       BackendOptions opt;
       opt.ep_comm = &comm;
       opt.ep_data_parallel = true;
@@ -211,7 +203,7 @@ TEST(EpWeights, RankHoldsOnlyItsExperts) {
   const std::string dir = kData + "/golden_quant_nvfp4";
   const int R = 3;
   for (int r = 0; r < R; ++r) {
-    auto m = load_rank(dir, r, R);
+    auto m = test::load_rank(dir, r, R);
     const int64_t E = m->config.n_routed_experts, e0 = expert_first(E, r, R), e1 = expert_first(E, r + 1, R);
     EXPECT_EQ(m->weights.experts_first, e0);
     EXPECT_EQ(m->weights.experts_end, e1);
@@ -235,7 +227,7 @@ TEST(EpWeights, RankHoldsOnlyItsExperts) {
 // A model loaded with some experts cannot run as a single rank, nor as the wrong rank.
 TEST(EpWeights, RangeMismatchIsAnError) {
   const std::string dir = kData + "/golden/hf_text";
-  auto part = load_rank(dir, 0, 2);
+  auto part = test::load_rank(dir, 0, 2);
   try {
     CpuBackend be(*part, BackendOptions{});
     FAIL() << "expected an error";

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 
 #include "common/error.h"
 #include "engine/rank_backend.h"
@@ -23,6 +24,23 @@
 using namespace cm;
 
 namespace {
+
+// R ranks of expert parallelism over the model in dir: rank 0 hands its LeaderBackend to lead, the
+// others run run_follower until it is destroyed.
+void led_ranks(const std::string& dir, int R, const std::function<void(ModelBackend&)>& lead) {
+  test::run_ranks(R, [&](Comm& comm) {
+    auto m = test::load_rank(dir, comm.rank(), R);
+    BackendOptions opt;
+    opt.ep_comm = &comm;
+    CpuBackend be(*m, opt);
+    if (comm.rank() == 0) {
+      LeaderBackend l(be, comm);
+      lead(l);
+    } else {
+      run_follower(be, comm, m->config.vocab_size);
+    }
+  });
+}
 
 // The call sequence, on any backend; returns every logits row it received, in order.
 std::vector<float> script(ModelBackend& be, const std::vector<int32_t>& toks, int64_t V, int* errors) {
@@ -57,7 +75,7 @@ std::vector<float> script(ModelBackend& be, const std::vector<int32_t>& toks, in
 TEST(RankBackend, FollowersRepeatRankZerosCallsBitExact) {
   const std::string dir = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_text";
   const test::Expected g = test::read_expected(dir);
-  const int64_t V = config_load(dir).vocab_size, E = config_load(dir).n_routed_experts;
+  const int64_t V = config_load(dir).vocab_size;
   auto one = model_load(dir);
   CpuBackend ref_be(*one, BackendOptions{});
   int ref_errors = 0;
@@ -66,21 +84,7 @@ TEST(RankBackend, FollowersRepeatRankZerosCallsBitExact) {
   for (int R : {2, 3, 4}) {
     std::vector<float> got;
     int errors = 0;
-    test::run_ranks(R, [&](Comm& comm) {
-      LoadOptions lo;
-      lo.experts = ExpertRange{expert_first(E, comm.rank(), R),
-                               expert_first(E, comm.rank() + 1, R) - expert_first(E, comm.rank(), R)};
-      auto m = model_load(dir, lo);
-      BackendOptions opt;
-      opt.ep_comm = &comm;
-      CpuBackend be(*m, opt);
-      if (comm.rank() == 0) {
-        LeaderBackend lead(be, comm);
-        got = script(lead, g.tokens, V, &errors);
-      } else {
-        run_follower(be, comm, V);
-      }
-    });
+    led_ranks(dir, R, [&](ModelBackend& lead) { got = script(lead, g.tokens, V, &errors); });
     EXPECT_EQ(errors, 1) << "R=" << R;
     ASSERT_EQ(got.size(), ref.size()) << "R=" << R;
     EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * 4), 0) << "R=" << R;
@@ -138,28 +142,14 @@ std::vector<std::vector<int32_t>> serve_jobs(ModelBackend& be, int64_t V) {
 
 TEST(RankBackend, ServerSchedulerOverRanksGeneratesOneRanksTokens) {
   const std::string dir = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_text";
-  const int64_t V = config_load(dir).vocab_size, E = config_load(dir).n_routed_experts;
+  const int64_t V = config_load(dir).vocab_size;
   auto one = model_load(dir);
   CpuBackend ref_be(*one, BackendOptions{});
   const std::vector<std::vector<int32_t>> ref = serve_jobs(ref_be, V);
   for (const auto& ids : ref) ASSERT_EQ(ids.size(), 6u);
   for (int R : {2, 3}) {
     std::vector<std::vector<int32_t>> got;
-    test::run_ranks(R, [&](Comm& comm) {
-      LoadOptions lo;
-      lo.experts = ExpertRange{expert_first(E, comm.rank(), R),
-                               expert_first(E, comm.rank() + 1, R) - expert_first(E, comm.rank(), R)};
-      auto m = model_load(dir, lo);
-      BackendOptions opt;
-      opt.ep_comm = &comm;
-      CpuBackend be(*m, opt);
-      if (comm.rank() == 0) {
-        LeaderBackend lead(be, comm);
-        got = serve_jobs(lead, V);
-      } else {
-        run_follower(be, comm, V);
-      }
-    });
+    led_ranks(dir, R, [&](ModelBackend& lead) { got = serve_jobs(lead, V); });
     EXPECT_EQ(got, ref) << "R=" << R;
   }
 }

@@ -97,11 +97,7 @@ TEST(BroadcastPlan, RanksSteppedWithRankZerosPlansMatchOneRank) {
   for (int R : {2, 4}) {
     std::vector<float> got(size_t(T * V), 0.f);
     test::run_ranks(R, [&](Comm& comm) {
-      const int64_t E = config_load(dir).n_routed_experts;
-      LoadOptions lo;
-      lo.experts = ExpertRange{expert_first(E, comm.rank(), R), expert_first(E, comm.rank() + 1, R) -
-                                                                    expert_first(E, comm.rank(), R)};
-      auto m = model_load(dir, lo);
+      auto m = test::load_rank(dir, comm.rank(), R);
       BackendOptions opt;
       opt.ep_comm = &comm;
       CpuBackend be(*m, opt);
