@@ -2,6 +2,7 @@
 // test binary so the device run executes it: golden fixtures vs transformers,
 // the mixed batch vs lone runs, determinism, reservation errors, copy/reset.
 #include "../seam_suite.h"
+#include "engine/comm.h"
 
 namespace seam_suite {
 
@@ -166,6 +167,38 @@ TEST(CudaFastPrefill, LongStepsUseCublasAndStayCloseToTheCpu) {
   const std::vector<float> ec = test::feed_chunks(*exact, 1, toks.data(), T, 100, V);
   EXPECT_EQ(std::memcmp(fc.data(), ec.data(), fc.size() * 4), 0) << "steps of 100 rows differ under --fast-prefill";
   EXPECT_EQ(std::memcmp(ec.data(), e.data(), ec.size() * 4), 0) << "the batch-invariant path is not chunk-invariant";
+}
+
+}  // namespace
+
+namespace {
+
+using namespace cm;
+
+// Expert parallelism is not built into the CUDA backend: a Comm of more than one rank, or a model
+// loaded with only some routed experts, is refused by name instead of running as if it held all.
+TEST(CudaBackendRefuses, ExpertParallelismItDoesNotRun) {
+  if (!device_available(Device::CUDA)) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = seam_suite::kData + "/golden/hf_text";
+  auto whole = model_load(dir);
+  auto comms = make_thread_comms(2, 5);
+  BackendOptions ep;
+  ep.ep_comm = comms[0].get();
+  try {
+    make_backend(*whole, Device::CUDA, ep);
+    ADD_FAILURE() << "a 2-rank ep_comm was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expert parallelism over 2 ranks"), std::string::npos) << e.what();
+  }
+  LoadOptions lo;
+  lo.experts = ExpertRange{0, 1};
+  auto part = model_load(dir, lo);
+  try {
+    make_backend(*part, Device::CUDA);
+    ADD_FAILURE() << "a model holding one routed expert was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds routed experts [0, 1)"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -6,19 +6,13 @@
 //               f = HCPre_ffn(X);   X = HCPost(MoE(RMSNorm(f), tokens), X)
 //   y = RMSNorm(HCHead(X));  logits = y · headᵀ   (rows that ask for logits)
 //
-// Batch invariance: every kernel computes a row (or a slot's state) from that
-// row alone, with one fixed arithmetic whatever the batch: the linears run the
-// decode kernels for every M (the prefill kernels are chosen by M; their split
-// of K also follows the weight alone while K has fewer than 16 chunks of 64),
-// dense BF16/F32 weights take a one-warp-per-output kernel instead of cuBLAS,
-// and the MoE sums each token's experts in a fixed order. So a sequence's
-// logits are the same bits alone and in any mixed batch, and two runs of the
-// same step are the same bits.
-//
-// Non-finite values: after each named intermediate a kernel counts the NaN/Inf
-// values per row into a reserved buffer; only when the logits come back
-// non-finite is that buffer read, to name the first intermediate (and slot)
-// that went non-finite, as the CPU backend does.
+// Batch invariance (docs/cuda-backend.md): every kernel computes a row (or a slot's state) from that row
+// alone with one fixed arithmetic whatever the batch (FP8/NVFP4 linears: decode kernels below 128 rows,
+// prefill kernels with the same sums above; dense weights: kernels whose sums K alone fixes), so a
+// sequence's logits are the same bits alone, in any mixed batch and in any chunking — unless
+// --fast-prefill sends steps over 256 rows through cuBLAS. Non-finite values: the named intermediates are
+// counted per row into a reserved buffer, read only when the logits come back non-finite, to name the
+// first intermediate (and slot) that went non-finite, as the CPU backend does.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
@@ -35,6 +29,7 @@
 #include "backend/cuda/device_observer.h"
 #include "backend/cuda/op_timer.h"
 #include "common/numeric.h"
+#include "engine/comm.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
 #include "ops/hc.h"
@@ -211,6 +206,16 @@ CudaBackend::CudaBackend(const Model& m, const BackendOptions& opt, std::unique_
     : m_(m), opt_(opt), obs_(opt.observer), timer_(timer) {
   if (opt.linear_inputs) cuda::throw_error("cuda: the linear-input observer (calibration) runs on the CPU backend only");
   if (opt.act_quant != ActQuant::NONE) cuda::throw_error("cuda: W4A4 emulation runs on the CPU backend only");
+  // Expert parallelism is not built here yet: refuse it rather than run a rank's experts as all of them.
+  CM_CU_CHECK(!opt.ep_comm || opt.ep_comm->size() <= 1,
+              "cuda: expert parallelism over %d ranks (BackendOptions::ep_comm) is not built for the CUDA backend "
+              "yet; one GPU runs every routed expert",
+              opt.ep_comm ? opt.ep_comm->size() : 1);
+  CM_CU_CHECK(dm || (m.weights.experts_first == 0 && m.weights.experts_end == m.config.n_routed_experts),
+              "cuda: the model holds routed experts [%lld, %lld) of %lld (LoadOptions::experts); the CUDA backend "
+              "runs all of them, so load the model whole",
+              (long long)m.weights.experts_first, (long long)m.weights.experts_end,
+              (long long)m.config.n_routed_experts);
   // The weights first: a model that does not fit is refused before anything is allocated.
   // A prebuilt device model (the synthetic bench builds it a layer at a time) is taken as is.
   dm_ = dm ? std::move(dm) : cuda::upload_model(m, kWorkingBytes, opt.gpu_memory_utilization);
