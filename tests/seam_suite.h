@@ -50,6 +50,27 @@ inline double max_abs(const std::vector<float>& a, const std::vector<float>& b, 
   return d;
 }
 
+// Per row of [rows, V] logits against a reference: argmax agreement and max|Δ| within 3% of the
+// reference's max|logit| (the GPU's bound), and the row with the largest max|Δ|.
+struct RowAgreement {
+  int64_t rows = 0, close = 0, agree = 0, worst = 0;
+  double max_d = 0, amax = 0, worst_d = 0;
+};
+inline RowAgreement row_agreement(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
+  RowAgreement r;
+  r.max_d = max_abs(got, ref, &r.amax);
+  r.rows = V > 0 && got.size() == ref.size() ? int64_t(ref.size()) / V : 0;
+  for (int64_t i = 0; i < r.rows; ++i) {
+    const auto g0 = got.begin() + i * V, r0 = ref.begin() + i * V;
+    r.agree += std::max_element(g0, g0 + V) - g0 == std::max_element(r0, r0 + V) - r0;
+    double rd = 0;
+    for (int64_t j = 0; j < V; ++j) rd = std::max(rd, std::fabs(double(g0[j]) - double(r0[j])));
+    r.close += rd <= 0.03 * r.amax;
+    if (rd > r.worst_d) r.worst_d = rd, r.worst = i;
+  }
+  return r;
+}
+
 // The suite's helpers over a test parameter P from which device() takes the device.
 template <typename P>
 class SeamBase : public ::testing::TestWithParam<P> {
@@ -64,20 +85,11 @@ class SeamBase : public ::testing::TestWithParam<P> {
   int64_t vocab_ = 0;
   // The logits bound against transformers for this device.
   void expect_close(const std::vector<float>& got, const Expected& e, const std::string& what) {
-    double amax = 0;
-    const double d = max_abs(got, e.logits, &amax);
-    // Per row: argmax agreement and max|Δ| within 3% of max|logit|.
-    const size_t V = size_t(vocab_), rows = V ? e.logits.size() / V : 0;
-    size_t agree = 0, close = 0;
-    for (size_t r = 0; r < rows && got.size() == e.logits.size(); ++r) {
-      const auto g0 = got.begin() + long(r * V), e0 = e.logits.begin() + long(r * V);
-      agree += std::max_element(g0, g0 + long(V)) - g0 == std::max_element(e0, e0 + long(V)) - e0;
-      double rd = 0;
-      for (size_t j = 0; j < V; ++j) rd = std::max(rd, std::fabs(double(g0[long(j)]) - double(e0[long(j)])));
-      close += rd <= 0.03 * amax;
-    }
-    const double agreement = rows ? double(agree) / double(rows) : 0.0;
-    const double within = rows ? double(close) / double(rows) : 0.0;
+    const RowAgreement ra = row_agreement(got, e.logits, vocab_);
+    const double d = ra.max_d, amax = ra.amax;
+    const size_t rows = size_t(vocab_ ? int64_t(e.logits.size()) / vocab_ : 0);
+    const double agreement = rows ? double(ra.agree) / double(rows) : 0.0;
+    const double within = rows ? double(ra.close) / double(rows) : 0.0;
     if (device() == Device::CPU) {
       EXPECT_LE(d, 1e-4) << what;
     } else {

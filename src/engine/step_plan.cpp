@@ -23,21 +23,20 @@ std::string plan_error(const StepPlan& p) {
   return {};
 }
 
-// all_gatherv in which only rank 0 sends k values: recv[k] gets them on every rank.
-void from_rank0(Comm& comm, const int32_t* send, int64_t k, int32_t* recv) {
+}  // namespace
+
+void broadcast_from_rank0(Comm& comm, const int32_t* send, int64_t k, int32_t* recv) {
   std::vector<int64_t> counts(size_t(comm.size()), 0);
   counts[0] = k;
   comm.all_gatherv(send, counts.data(), recv);
 }
-
-}  // namespace
 
 StepPlan broadcast_plan(Comm& comm, const StepPlan& plan) {
   const bool root = comm.rank() == 0;
   const std::string err = root ? plan_error(plan) : std::string();
   int32_t head[2] = {root && err.empty() ? plan.rows() : 0, err.empty() ? 1 : 0};
   int32_t got[2] = {0, 0};
-  from_rank0(comm, head, 2, got);
+  broadcast_from_rank0(comm, head, 2, got);
   if (got[1] != 1) {
     if (root) fail("broadcast_plan: {}", err);
     fail("broadcast_plan: rank 0 could not send its step plan (it reports the cause)");
@@ -57,7 +56,7 @@ StepPlan broadcast_plan(Comm& comm, const StepPlan& plan) {
     }
   }
   std::vector<int32_t> recv(size_t(4 * n));
-  from_rank0(comm, rows.data(), 4 * n, recv.data());
+  broadcast_from_rank0(comm, rows.data(), 4 * n, recv.data());
   out.token.assign(recv.begin(), recv.begin() + n);
   out.pos.assign(recv.begin() + n, recv.begin() + 2 * n);
   out.slot.assign(recv.begin() + 2 * n, recv.begin() + 3 * n);

@@ -24,6 +24,10 @@ struct StepPlan {
   Batch batch() const { return Batch{rows(), token.data(), pos.data(), slot.data(), logits.data()}; }
 };
 
+// Collective: rank 0's k int32 values (send; ignored elsewhere) in recv[k] on every rank (an
+// all_gatherv in which only rank 0 contributes). The step plan and LeaderBackend's commands use it.
+void broadcast_from_rank0(Comm& comm, const int32_t* send, int64_t k, int32_t* recv);
+
 // The largest plan a broadcast carries (rows); a bigger one is refused.
 inline constexpr int32_t kMaxPlanRows = int32_t(1) << 24;
 

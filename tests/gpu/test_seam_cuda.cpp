@@ -33,18 +33,9 @@ TEST(SeamCudaDefaultModel, MatchesCpuAndChunkingIsBitExact) {
               be->bytes_per_slot(CacheShape{1, 1, 4096}));
   std::vector<float> whole = test::feed_chunks(*be, 0, toks.data(), T, 0, V);
   std::vector<float> chunked = test::feed_chunks(*be, 1, toks.data(), T, 7, V);
-  double amax = 0;
-  const double d = seam_suite::max_abs(whole, cpu, &amax);
-  int64_t agree = 0, close = 0, worst = 0;
-  double worst_d = 0;
-  for (int64_t r = 0; r < T; ++r) {
-    const auto g0 = whole.begin() + r * V, c0 = cpu.begin() + r * V;
-    agree += std::max_element(g0, g0 + V) - g0 == std::max_element(c0, c0 + V) - c0;
-    double rd = 0;
-    for (int64_t j = 0; j < V; ++j) rd = std::max(rd, std::fabs(double(g0[j]) - double(c0[j])));
-    close += rd <= 0.03 * amax;
-    if (rd > worst_d) worst_d = rd, worst = r;
-  }
+  const seam_suite::RowAgreement ra = seam_suite::row_agreement(whole, cpu, V);
+  const double d = ra.max_d, amax = ra.amax;
+  const int64_t agree = ra.agree, close = ra.close, worst = ra.worst;
   std::printf("  default model: max |cuda - cpu| = %.3g (%.2f%% of max |logit| %.3g, row %lld), rows within 3%%: "
               "%lld/%lld, argmax agreement %lld/%lld\n",
               d, 100.0 * d / amax, amax, (long long)worst, (long long)close, (long long)T, (long long)agree,
@@ -115,24 +106,6 @@ namespace {
 
 using namespace cm;
 
-// Rows within 3% of max|logit| of ref, and rows whose argmax agrees with ref's.
-struct RowAgreement {
-  int64_t close = 0, agree = 0;
-  double max_d = 0, amax = 0;
-};
-RowAgreement compare_rows(const std::vector<float>& a, const std::vector<float>& ref, int64_t T, int64_t V) {
-  RowAgreement r;
-  r.max_d = seam_suite::max_abs(a, ref, &r.amax);
-  for (int64_t i = 0; i < T; ++i) {
-    const auto a0 = a.begin() + i * V, r0 = ref.begin() + i * V;
-    r.agree += std::max_element(a0, a0 + V) - a0 == std::max_element(r0, r0 + V) - r0;
-    double rd = 0;
-    for (int64_t j = 0; j < V; ++j) rd = std::max(rd, std::fabs(double(a0[j]) - double(r0[j])));
-    r.close += rd <= 0.03 * r.amax;
-  }
-  return r;
-}
-
 // --fast-prefill (BackendOptions::batch_invariant = false): a 400-token prompt in one step takes the
 // cuBLAS path for the default model's NVFP4 linears (more than 256 rows). Its logits differ from the
 // batch-invariant step's (another summation order: the option must change the path) and stay as close
@@ -153,13 +126,13 @@ TEST(CudaFastPrefill, LongStepsUseCublasAndStayCloseToTheCpu) {
   auto fast = test::reserved_backend(*m, Device::CUDA, 2, int32_t(T), T, fast_opt);
   const std::vector<float> e = test::feed_chunks(*exact, 0, toks.data(), T, 0, V);
   const std::vector<float> f = test::feed_chunks(*fast, 0, toks.data(), T, 0, V);
-  const RowAgreement re = compare_rows(e, cpu, T, V), rf = compare_rows(f, cpu, T, V);
+  const seam_suite::RowAgreement re = seam_suite::row_agreement(e, cpu, V), rf = seam_suite::row_agreement(f, cpu, V);
   std::printf("  %lld-token step vs cpu: batch-invariant max|d| %.2f%% of max|logit|, rows within 3%% %lld, argmax "
               "%lld; fast %.2f%%, %lld, %lld; fast vs batch-invariant max|d| %.3g\n",
               (long long)T, 100.0 * re.max_d / re.amax, (long long)re.close, (long long)re.agree,
               100.0 * rf.max_d / rf.amax, (long long)rf.close, (long long)rf.agree, seam_suite::max_abs(f, e));
   EXPECT_NE(std::memcmp(e.data(), f.data(), e.size() * 4), 0) << "--fast-prefill changed nothing";
-  for (const RowAgreement* r : {&re, &rf}) {
+  for (const seam_suite::RowAgreement* r : {&re, &rf}) {
     EXPECT_GE(double(r->close), 0.95 * double(T));
     EXPECT_GE(double(r->agree), 0.95 * double(T));
   }
