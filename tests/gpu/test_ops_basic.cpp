@@ -320,8 +320,9 @@ TEST(GpuOps, DenseLinearsThroughCublas) {
 // The backend's dense linear (router, compressor, indexer projections, a BF16 head) against a double
 // reference: BF16 weights on tensor cores with x split into three bf16 parts (f32 x) or one (bf16 x),
 // F32 weights and odd K on the SIMT kernel; every tile shape (16/32 rows, 8/32 columns per CTA), a
-// ragged last tile, grouped weights, N not a multiple of 8. Batch invariance: the last row computed
-// alone (the narrowest tiles) equals the same row inside the batch bit for bit. Bound: 1e-5 of
+// ragged last tile, grouped weights, N not a multiple of 8, K in 1 to 16 chunks. Batch invariance: the
+// last row computed alone (the narrowest tiles, one CTA per chunk) equals the same row inside the
+// batch (chunks in turn) bit for bit. Bound: 1e-5 of
 // max|ref| (fp32 accumulation over K ≤ 4096 terms).
 TEST(GpuOps, DenseKernelMatchesCpuAndIsBatchInvariant) {
   CM_SKIP_WITHOUT_GPU();
@@ -331,10 +332,12 @@ TEST(GpuOps, DenseKernelMatchesCpuAndIsBatchInvariant) {
     int64_t M, N, K;
     int groups;
   };
-  // router 4096 -> 256 (M 1, 40), compressor 4096 -> 1024 (M 17), grouped 64 -> 16 (M 33), a wide head-like
-  // 1024 -> 8192 (M 40: 32-row x 32-column tiles), N = 20 (ragged column tile), K = 36 (SIMT for BF16).
+  // router 4096 -> 256 (M 1, 40: 8 chunks of K, one CTA each at one row block, in turn for more), compressor
+  // 4096 -> 1024 (M 17: 2 chunks), grouped 64 -> 16 (M 33), a wide head-like 1024 -> 8192 (M 40: 32-row x
+  // 32-column tiles, one chunk), an indexer-like 4104 -> 64 (M 40: 16 chunks, the last one short), N = 20
+  // (ragged column tile), K = 36 (SIMT for BF16).
   const std::vector<Case> cases = {{1, 256, 4096, 1}, {40, 256, 4096, 1}, {17, 1024, 4096, 1}, {33, 16, 64, 2},
-                                   {40, 8192, 1024, 1}, {5, 20, 64, 1},     {7, 24, 36, 1}};
+                                   {40, 8192, 1024, 1}, {40, 64, 4104, 1}, {5, 20, 64, 1},     {7, 24, 36, 1}};
   for (const Case& c : cases)
     for (int variant = 0; variant < 3; ++variant) {  // 0: BF16 W, f32 x; 1: BF16 W, bf16 x; 2: F32 W, f32 x
       const int64_t M = c.M, N = c.N, K = c.K, groups = c.groups, ldx = groups * K;

@@ -22,7 +22,8 @@ void dense_linear(Context& ctx, const void* w, bool w_bf16, int64_t N, int64_t K
                   bool x_bf16, int64_t M, int64_t ldx, void* y, bool y_bf16, int64_t ldy, float alpha);
 
 // The tensor-core path of dense_linear for BF16 weights (dense_mma.cu): x split exactly into three
-// bf16 parts (one for bf16 x), fp32 accumulation, K split over 8 warps added in a fixed order.
+// bf16 parts (one for bf16 x), fp32 accumulation, K cut into chunks fixed by the weight shape and
+// split over 8 warps, added in a fixed order.
 bool dense_mma_supported(int64_t K, int64_t ldx, const void* x, bool x_bf16);
 void dense_linear_mma(Context& ctx, const uint16_t* w, int64_t N, int64_t K, int groups, const void* x, bool x_bf16,
                       int64_t M, int64_t ldx, void* y, bool y_bf16, int64_t ldy, float alpha);

@@ -10,11 +10,19 @@
 // fp32 accumulator: the products are exact and only the fp32 accumulation
 // rounds, as in an fp32 dot product. (bf16 x, e.g. a cast input, takes one.)
 //
-// Batch invariance: an output's arithmetic is fixed by K alone. The CTA's 8
-// warps split K by interleaved k16 steps (warp w takes steps w, w + 8, …) and
-// the eight partial sums are added in warp order; rows never mix in mma.sync.
-// The tile (16 or 32 rows, 8 or 32 columns per CTA) is chosen by M and N and
-// changes no bit, so a row's result does not depend on the other rows.
+// Batch invariance: an output's arithmetic is fixed by the weight's shape
+// (N, K, groups) alone. K is cut into S chunks (dense_mma_chunks: more
+// chunks for narrow weights); within a chunk the CTA's 8 warps take
+// interleaved k16 steps (warp w: steps w, w + 8, …), the eight partial sums
+// are added in warp order, and the chunk sums are added in chunk order. At
+// one token (M <= 16) each chunk is its own CTA, so a narrow weight (the
+// router: 32 column tiles) still spreads over every SM, and the last CTA of a
+// column tile to arrive adds the chunk sums (sm90_splitk.cuh's pattern); for
+// more rows one CTA runs the chunks in turn. Both add in the same order and
+// rows never mix in mma.sync, so the tile (16 or 32 rows, 8 or 32 columns)
+// and the batch change no bit of a row's result.
+#include <algorithm>
+
 #include "backend/cuda/backend_kernels.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/ops_device.cuh"
@@ -81,114 +89,214 @@ __device__ __forceinline__ void split_x(const uint32_t (&r)[8], uint32_t (&a)[3]
   }
 }
 
-// MT 16-row tiles × NT 8-column tiles per CTA; the 8 warps split K.
+struct MmaArgs {
+  const uint16_t* w;  // [groups · rpg, K] bf16
+  int64_t K, rpg, blocks_per_group;
+  const void* x;  // [M, ldx] f32 or bf16
+  int64_t M, ldx;
+  void* y;  // [M, ldy] f32 or bf16
+  bool y_bf16;
+  int64_t ldy;
+  float alpha;
+  int64_t chunk_steps;  // k16 steps per chunk
+  int chunks;           // S: chunks of K, added in order
+  int ksplit;           // CTAs per column tile along K: S (one chunk each) or 1 (all chunks in turn)
+  bool prefetch;        // at one row block, fetch the CTA's weight slice into L2 before the PDL wait
+  float* partials;      // ksplit > 1: [ksplit, gridDim.x, kAcc, 32] chunk sums
+  unsigned* counters;   // ksplit > 1: [gridDim.x] arrivals, back at zero after each launch
+};
+
+// MT 16-row tiles × NT 8-column tiles per CTA; the 8 warps split each chunk of K.
 template <int MT, int NT, bool XBF>
-__global__ void __launch_bounds__(32 * kMmaWarps) dense_mma_kernel(const uint16_t* w, int64_t K, int64_t rpg,
-                                                                   int64_t blocks_per_group, const void* x, int64_t M,
-                                                                   int64_t ldx, void* y, bool y_bf16, int64_t ldy,
-                                                                   float alpha) {
-  dev::pdl_wait_and_release();
-  constexpr int kParts = XBF ? 1 : 3, kAcc = MT * NT * 4;
-  __shared__ float red[kMmaWarps - 1][kAcc][32];
+__global__ void __launch_bounds__(32 * kMmaWarps, 2) dense_mma_kernel(const MmaArgs p) {
+  constexpr int kParts = XBF ? 1 : 3, kAcc = MT * NT * 4, kOwn = (kAcc + kMmaWarps - 1) / kMmaWarps;
+  __shared__ float red[kMmaWarps][kAcc][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t grp = blockIdx.x / blocks_per_group;
-  const int64_t c0 = (blockIdx.x % blocks_per_group) * (8 * NT);  // the CTA's first column within its group
+  const int64_t grp = blockIdx.x / p.blocks_per_group;
+  const int64_t c0 = (blockIdx.x % p.blocks_per_group) * (8 * NT);  // the CTA's first column within its group
   const int64_t m0 = int64_t(blockIdx.y) * (16 * MT);
-  const int64_t col0 = grp * K;                                   // the group's columns of x
-  float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  const int64_t col0 = grp * p.K;                                   // the group's columns of x
+  const int64_t steps = (p.K + 15) / 16;
+  const int c_begin = p.ksplit > 1 ? int(blockIdx.z) : 0, c_end = p.ksplit > 1 ? c_begin + 1 : p.chunks;
   const uint16_t* wrow[NT];
   bool wok[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int64_t cg = c0 + 8 * j + g;  // the B fragment's column n = g of tile j
-    wok[j] = cg < rpg;
-    wrow[j] = w + (grp * rpg + (wok[j] ? cg : 0)) * K;
+    wok[j] = cg < p.rpg;
+    wrow[j] = p.w + (grp * p.rpg + (wok[j] ? cg : 0)) * p.K;
   }
-  // Warp w takes k16 steps w, w + 8, w + 16, …, U of them per round: the
-  // round's weight and x loads are all issued before its first mma (one
-  // step per round left every warp waiting a full memory latency per step;
-  // at one token the loop was latency-bound, ~30 µs for 2 MB). The mma order
-  // per warp is unchanged, so every bit is. Tall tiles (M > 16: prefill,
-  // many CTAs, compute-bound) keep one step per round: the extra registers
-  // of a deeper round halved their occupancy and slowed them (~30%, the
-  // compressor projections at 2,048 rows). (16 steps per round for the narrow
-  // one-token tiles was tried: 206 registers, and the same ~15 µs a call
-  // under ncu, so the rounds are not what bounds it now.)
+  // One row block (a decode step) of a weight that fits in L2 many times over:
+  // the CTA's slice is read once, so it is fetched into L2 while the previous
+  // kernel still runs (weights are not its output). (A BF16 LM head, 1 GB, is
+  // not: its CTAs' prefetches would evict each other's before use.)
+  if (p.prefetch && gridDim.y == 1 && int(threadIdx.x) < 8 * NT) {
+    const int64_t cg = c0 + threadIdx.x;
+    const int64_t k_lo = int64_t(c_begin) * p.chunk_steps * 16;
+    const int64_t k_hi = min(p.K, int64_t(c_end) * p.chunk_steps * 16);
+    if (cg < p.rpg && k_hi > k_lo)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.w + (grp * p.rpg + cg) * p.K + k_lo),
+                   "r"(uint32_t((k_hi - k_lo) * 2))
+                   : "memory");
+  }
+  dev::pdl_wait_and_release();
+  // The running chunk total of the elements this thread owns: element e of the
+  // tile (e = (i·NT + j)·4 + reg, as in acc) belongs to warp e mod 8.
+  float tot[kOwn];
+#pragma unroll
+  for (int q = 0; q < kOwn; ++q) tot[q] = 0.f;
+  // Warp w takes the chunk's k16 steps w, w + 8, …, U of them per round: the
+  // round's weight and x loads are all issued before its first mma (one step
+  // per round left every warp waiting a full memory latency per step). Tall
+  // tiles (M > 16: prefill, many CTAs, compute-bound) keep one step per round:
+  // the extra registers of a deeper round halved their occupancy and slowed
+  // them (~30%, the compressor projections at 2,048 rows).
   constexpr int U = MT == 1 ? (NT == 1 ? 8 : 4) : 1;
-  const int64_t steps = (K + 15) / 16;
-  for (int64_t s0 = warp; s0 < steps; s0 += int64_t(kMmaWarps) * U) {
-    uint32_t b[U][NT][2];
-    uint32_t xr[U][MT][8];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t k = (s0 + int64_t(u) * kMmaWarps) * 16 + 2 * t;  // k >= K past the last step: zeros
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        b[u][j][0] = wok[j] && k < K ? *reinterpret_cast<const uint32_t*>(wrow[j] + k) : 0u;
-        b[u][j][1] = wok[j] && k + 8 < K ? *reinterpret_cast<const uint32_t*>(wrow[j] + k + 8) : 0u;
-      }
-#pragma unroll
-      for (int i = 0; i < MT; ++i) load_x<XBF>(x, ldx, col0, m0 + 16 * i + g, M, k, K, xr[u][i]);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (s0 + int64_t(u) * kMmaWarps >= steps) break;  // warp-uniform; no mma past the last step
-#pragma unroll
-      for (int i = 0; i < MT; ++i) {
-        uint32_t a[3][4];
-        split_x<XBF>(xr[u][i], a);
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int part = 0; part < kParts; ++part) sm90::mma_16816(acc[i][j], a[part], b[u][j][0], b[u][j][1]);
-      }
-    }
-  }
-  // The warps' partial sums, added in warp order by warp 0.
-  if (warp > 0) {
+  for (int c = c_begin; c < c_end; ++c) {
+    const int64_t s_lo = int64_t(c) * p.chunk_steps, s_hi = min(steps, s_lo + p.chunk_steps);
+    float acc[MT][NT][4];
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) red[warp - 1][(i * NT + j) * 4 + e][lane] = acc[i][j][e];
-  }
-  __syncthreads();
-  if (warp != 0) return;
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    for (int64_t s0 = s_lo + warp; s0 < s_hi; s0 += int64_t(kMmaWarps) * U) {
+      uint32_t b[U][NT][2];
+      uint32_t xr[U][MT][8];
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
+      for (int u = 0; u < U; ++u) {
+        // Past the chunk's last step nothing is loaded (the next chunk is another CTA's).
+        const int64_t st = s0 + int64_t(u) * kMmaWarps, k = st * 16 + 2 * t, kb = st < s_hi ? p.K : 0;
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+        for (int j = 0; j < NT; ++j) {
+          b[u][j][0] = wok[j] && k < kb ? *reinterpret_cast<const uint32_t*>(wrow[j] + k) : 0u;
+          b[u][j][1] = wok[j] && k + 8 < kb ? *reinterpret_cast<const uint32_t*>(wrow[j] + k + 8) : 0u;
+        }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = acc[i][j][e];
-        for (int w2 = 0; w2 < kMmaWarps - 1; ++w2) v += red[w2][(i * NT + j) * 4 + e][lane];
-        // c0, c1: row g, columns 2t, 2t+1; c2, c3: row g + 8.
-        const int64_t row = m0 + 16 * i + g + (e >= 2 ? 8 : 0);
-        const int64_t cg = c0 + 8 * j + 2 * t + (e & 1);
-        if (row < M && cg < rpg) dev::store_out(y, y_bf16, row * ldy + grp * rpg + cg, v * alpha);
+        for (int i = 0; i < MT; ++i) load_x<XBF>(p.x, p.ldx, col0, m0 + 16 * i + g, p.M, k, kb, xr[u][i]);
       }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (s0 + int64_t(u) * kMmaWarps >= s_hi) break;  // warp-uniform; no mma past the chunk's last step
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          uint32_t a[3][4];
+          split_x<XBF>(xr[u][i], a);
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int part = 0; part < kParts; ++part) sm90::mma_16816(acc[i][j], a[part], b[u][j][0], b[u][j][1]);
+        }
+      }
+    }
+    // The warps' partial sums added in warp order, then to the chunk total; each
+    // element by its owner warp (the order is the same whichever warp adds).
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[warp][(i * NT + j) * 4 + e][lane] = acc[i][j][e];
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < kOwn; ++q) {
+      const int e = q * kMmaWarps + warp;
+      if (e < kAcc) {
+        float v = red[0][e][lane];
+        for (int w2 = 1; w2 < kMmaWarps; ++w2) v += red[w2][e][lane];
+        tot[q] += v;
+      }
+    }
+    __syncthreads();  // red is rewritten by the next chunk
+  }
+  if (p.ksplit > 1) {
+    // Chunk sums of this column tile: the last CTA to arrive adds them in chunk order.
+    float* part = p.partials + (int64_t(blockIdx.z) * gridDim.x + blockIdx.x) * (kAcc * 32);
+#pragma unroll
+    for (int q = 0; q < kOwn; ++q) {
+      const int e = q * kMmaWarps + warp;
+      if (e < kAcc) part[e * 32 + lane] = tot[q];
+    }
+    __threadfence();
+    __syncthreads();
+    __shared__ unsigned is_last;
+    if (threadIdx.x == 0) is_last = atomicAdd(&p.counters[blockIdx.x], 1u) == unsigned(p.ksplit - 1);
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+#pragma unroll
+    for (int q = 0; q < kOwn; ++q) {
+      const int e = q * kMmaWarps + warp;
+      if (e < kAcc) {
+        float v = 0.f;
+        for (int sp = 0; sp < p.ksplit; ++sp)
+          v += __ldcg(p.partials + (int64_t(sp) * gridDim.x + blockIdx.x) * (kAcc * 32) + e * 32 + lane);
+        tot[q] = v;
+      }
+    }
+    if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+  }
+#pragma unroll
+  for (int q = 0; q < kOwn; ++q) {
+    const int e = q * kMmaWarps + warp;
+    if (e >= kAcc) continue;
+    const int i = e / (NT * 4), j = (e / 4) % NT, reg = e % 4;
+    // c0, c1: row g, columns 2t, 2t+1; c2, c3: row g + 8.
+    const int64_t row = m0 + 16 * i + g + (reg >= 2 ? 8 : 0);
+    const int64_t cg = c0 + 8 * j + 2 * t + (reg & 1);
+    if (row < p.M && cg < p.rpg) dev::store_out(p.y, p.y_bf16, row * p.ldy + grp * p.rpg + cg, tot[q] * p.alpha);
+  }
+}
+
+// S, the chunks K is cut into: a function of the weight's shape only (never of
+// M or the device), so the bits of a row do not depend on the batch. Narrow
+// weights get more chunks so that a one-token call still has ~256 CTAs (one
+// wave at two per SM) streaming the weight; a chunk keeps at least two k16
+// steps per warp.
+int64_t dense_mma_chunk_steps(int64_t N, int64_t K, int groups) {
+  const int64_t tiles = (N / groups + 7) / 8 * groups, steps = (K + 15) / 16;
+  int64_t s = tiles >= 256 ? 1 : (256 + tiles - 1) / tiles;
+  s = std::max<int64_t>(1, std::min({s, int64_t(16), steps / 16}));
+  return (steps + s - 1) / s;
 }
 
 template <int MT, int NT>
 void launch_mma(Context& ctx, const uint16_t* w, int64_t N, int64_t K, int groups, const void* x, bool x_bf16,
                 int64_t M, int64_t ldx, void* y, bool y_bf16, int64_t ldy, float alpha) {
-  const int64_t rpg = N / groups, bpg = (rpg + 8 * NT - 1) / (8 * NT), blocks = int64_t(groups) * bpg;
-  CM_CU_CHECK(blocks < (int64_t(1) << 31) && (M + 16 * MT - 1) / (16 * MT) < 65536,
+  MmaArgs p{};
+  p.w = w;
+  p.K = K;
+  p.rpg = N / groups;
+  p.blocks_per_group = (p.rpg + 8 * NT - 1) / (8 * NT);
+  p.x = x;
+  p.M = M;
+  p.ldx = ldx;
+  p.y = y;
+  p.y_bf16 = y_bf16;
+  p.ldy = ldy;
+  p.alpha = alpha;
+  p.chunk_steps = dense_mma_chunk_steps(N, K, groups);
+  const int64_t steps = (K + 15) / 16, blocks = int64_t(groups) * p.blocks_per_group;
+  p.chunks = int((steps + p.chunk_steps - 1) / p.chunk_steps);
+  const int64_t row_blocks = (M + 16 * MT - 1) / (16 * MT);
+  CM_CU_CHECK(blocks < (int64_t(1) << 31) && row_blocks < 65536,
               "dense_linear: grid too large (%lld columns, %lld rows)", (long long)N, (long long)M);
-  const dim3 grid(unsigned(blocks), unsigned((M + 16 * MT - 1) / (16 * MT)));
+  // One CTA per chunk at one row block, where the workspace holds the chunk sums (it does for
+  // every narrow weight on a GPU with 64+ SMs); else the chunks in turn: the same bits, fewer CTAs.
+  const size_t floats = size_t(p.chunks) * size_t(blocks) * MT * NT * 4 * 32;
+  const bool fits = floats <= ctx.workspace().splitk_floats && size_t(blocks) <= ctx.workspace().splitk_counters;
+  p.ksplit = row_blocks == 1 && fits ? p.chunks : 1;
+  if (p.ksplit > 1) {
+    p.partials = ctx.splitk_partials(floats);
+    p.counters = ctx.splitk_counters(size_t(blocks));
+  }
+  p.prefetch = N * K * 2 <= (int64_t(16) << 20);
+  const dim3 grid(unsigned(blocks), unsigned(row_blocks), unsigned(p.ksplit));
   if (x_bf16)
-    launch_kernel(ctx, dense_mma_kernel<MT, NT, true>, grid, dim3(32 * kMmaWarps), 0, "dense_mma_kernel", w, K, rpg,
-                  bpg, x, M, ldx, y, y_bf16, ldy, alpha);
+    launch_kernel(ctx, dense_mma_kernel<MT, NT, true>, grid, dim3(32 * kMmaWarps), 0, "dense_mma_kernel", p);
   else
-    launch_kernel(ctx, dense_mma_kernel<MT, NT, false>, grid, dim3(32 * kMmaWarps), 0, "dense_mma_kernel", w, K, rpg,
-                  bpg, x, M, ldx, y, y_bf16, ldy, alpha);
+    launch_kernel(ctx, dense_mma_kernel<MT, NT, false>, grid, dim3(32 * kMmaWarps), 0, "dense_mma_kernel", p);
 }
 
 }  // namespace
