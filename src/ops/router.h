@@ -23,7 +23,9 @@ void route_cpu(const RouterParams& p, const int32_t* tokens, const float* logits
 
 // --- CUDA (src/backend/cuda/router.cu): the same, one warp per token; every
 // pointer (params' bias/tid2eid too) is a device pointer. experts <= 1024,
-// topk <= 32. Ids and weights match the CPU exactly when s matches. ---
+// topk <= 32. Ids and weights match the CPU exactly when s matches. A NaN
+// logit counts as -inf (the step reports the NaN; the arg-max still picks an
+// expert id inside the row). ---
 namespace cuda {
 class Context;
 }

@@ -249,6 +249,15 @@ TEST(GpuOps, RouterScoreAndHashLayers) {
     std::vector<float> logits = gputest::rand_f32(size_t(T * E), r, 4.0f);
     for (int64_t e = 0; e < E; e += 7) logits[size_t(e)] = logits[1];  // exact ties in token 0
     for (int64_t e = 0; e < E; ++e) logits[size_t(E + e)] = 25.0f + float(e % 3);  // softplus threshold, ties
+    // NaN logits in token 2 (the step reports them): the GPU router reads them as -inf, so the
+    // reference gets -inf there; the highest logit of the row is one of them.
+    std::vector<float> ref_logits = logits;
+    int64_t top = 0;
+    for (int64_t e = 1; e < E; ++e) top = logits[size_t(2 * E + e)] > logits[size_t(2 * E + top)] ? e : top;
+    for (int64_t e : {top, int64_t(3), E - 1}) {
+      logits[size_t(2 * E + e)] = NAN;
+      ref_logits[size_t(2 * E + e)] = -INFINITY;
+    }
     std::vector<float> bias = gputest::rand_f32(size_t(E), r, 0.1f);
     for (int64_t e = 0; e < E; ++e) bias[size_t(e)] = e % 5 == 0 ? 0.0f : bias[size_t(e)];
     const int64_t vocab = 50;
@@ -264,7 +273,7 @@ TEST(GpuOps, RouterScoreAndHashLayers) {
       route_cuda(ctx, gp, dtok.as<int32_t>(), dl.as<float>(), T, idx.ptr(), w.ptr());
       std::vector<int32_t> ridx(size_t(T * K));
       std::vector<float> rw(size_t(T * K));
-      route_cpu(cp, tok.data(), logits.data(), T, ridx.data(), rw.data());
+      route_cpu(cp, tok.data(), ref_logits.data(), T, ridx.data(), rw.data());
       ctx.sync();
       const std::string sh = shape({{"tokens", T}, {"experts", E}, {"topk", K}, {"hash", hash}});
       EXPECT_EQ(idx.get(), ridx) << "routing ids differ: " << sh;

@@ -108,12 +108,6 @@ __global__ void scale_kernel(float* x, int64_t n, float s) {
     x[i] *= s;
 }
 
-__global__ void replace_nan_kernel(float* x, int64_t n, float v) {
-  pdl_wait_and_release();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    if (isnan(x[i])) x[i] = v;
-}
-
 __global__ void axpy_rows_kernel(const float* a, const float* x, int64_t T, int64_t D, float* y) {
   pdl_wait_and_release();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * D; i += int64_t(gridDim.x) * blockDim.x)
@@ -227,10 +221,6 @@ void scale_f32(Context& ctx, float* x, int64_t n, float s) {
   launch_kernel(ctx, scale_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, "scale_kernel", x, n, s);
 }
 
-void replace_nan(Context& ctx, float* x, int64_t n, float v) {
-  if (n <= 0) return;
-  launch_kernel(ctx, replace_nan_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, "replace_nan_kernel", x, n, v);
-}
 
 void axpy_rows(Context& ctx, const float* a, const float* x, int64_t T, int64_t D, float* y) {
   if (T * D <= 0) return;

@@ -33,10 +33,6 @@ void add_f32(Context& ctx, const float* a, const float* b, int64_t n, float* y);
 // x[i] *= s, f32.
 void scale_f32(Context& ctx, float* x, int64_t n, float s);
 
-// x[i] = v where x[i] is NaN (before the router: its arg-max finds no expert among NaN scores; the
-// non-finite count has already named the intermediate, the step will throw after it ends).
-void replace_nan(Context& ctx, float* x, int64_t n, float v);
-
 // y[t, :] += a[t] · x[t, :] for t < T (the dense-expert MoE adds expert e's rows, weight 0 for rows that
 // did not pick e, in ascending expert order as the CPU does).
 void axpy_rows(Context& ctx, const float* a, const float* x, int64_t T, int64_t D, float* y);

@@ -772,10 +772,6 @@ void CudaBackend::moe(int64_t L, int64_t n) {
 
   linear2(lw.gate, normed, normed_bf, n, router);
   note("router_logits", L, router, false, E, {E});
-  // route_cuda's arg-max selects nothing among NaN scores and would then index past the logits row;
-  // a NaN has been counted above, so the step reports it — here it only must not fault.
-  cuda::replace_nan(ctx, router, n * E, -INFINITY);
-  mark("replace_nan");
   RouterParams rp;
   rp.experts = E;
   rp.topk = K;

@@ -126,14 +126,35 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const float* score, 
         if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
       }
       __syncthreads();
-      if (threadIdx.x == 0) {
-        int acc = 0, d = 255;
-        for (; d > 0; --d) {
-          if (acc + hist[d] >= remaining) break;
-          acc += hist[d];
+      if (threadIdx.x < 32) {
+        // The highest digit d whose bins d..255 hold >= remaining keys, with acc the
+        // count above d: lane l scans bins 255 - 8l … 248 - 8l, a warp scan adds
+        // the lanes above it (one thread walking the 256 bins took ~4 µs a pass).
+        const int lane = threadIdx.x;
+        int c[8], local = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) local += (c[j] = hist[255 - 8 * lane - j]);
+        int incl = local;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int v = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl += v;
         }
-        sh_prefix = prefix | (uint32_t(d) << shift);
-        sh_remaining = remaining - acc;
+        const int excl = incl - local;
+        const unsigned hit = __ballot_sync(0xffffffffu, excl < remaining && remaining <= incl);
+        // No lane holds it only when fewer keys match than remain (not for a consistent
+        // histogram): digit 0, as the serial walk ended.
+        const int owner = hit ? __ffs(hit) - 1 : 31;
+        if (lane == owner) {
+          int acc = excl, d = 255 - 8 * lane;
+#pragma unroll
+          for (int j = 0; j < 8; ++j, --d) {
+            if (d == 0 || acc + c[j] >= remaining) break;
+            acc += c[j];
+          }
+          sh_prefix = prefix | (uint32_t(d) << shift);
+          sh_remaining = remaining - acc;
+        }
       }
       __syncthreads();
       prefix = sh_prefix;

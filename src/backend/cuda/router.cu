@@ -27,6 +27,14 @@ struct RouteK {
 
 __device__ __forceinline__ float sqrt_softplus(float v) { return sqrtf(v > 20.0f ? v : log1pf(expf(v))); }
 
+// A NaN logit is read as -inf (the step has counted it; here it only must not
+// win the arg-max or poison the weights): what a replace_nan pass over the
+// logits did, without its launch (it was a one-token step's ~2 µs).
+__device__ __forceinline__ float logit(const float* l, int e) {
+  const float v = l[e];
+  return v != v ? -INFINITY : v;
+}
+
 __global__ void route_kernel(const RouteK p) {
   cuda::dev::pdl_wait_and_release();
   const int lane = threadIdx.x & 31;
@@ -43,7 +51,7 @@ __global__ void route_kernel(const RouteK p) {
       for (int k = 0; k < p.K; ++k) {
         const int32_t e = ok ? p.tid2eid[int64_t(tok) * p.K + k] : -1;
         idx[k] = e;
-        sel_s[k] = (e >= 0 && e < p.E) ? sqrt_softplus(l[e]) : __int_as_float(0x7fc00000);
+        sel_s[k] = (e >= 0 && e < p.E) ? sqrt_softplus(logit(l, e)) : __int_as_float(0x7fc00000);
       }
   } else {
     float b[kMaxPerLane];
@@ -52,7 +60,7 @@ __global__ void route_kernel(const RouteK p) {
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int e = lane + 32 * i;
-      const float v = (i < per && e < p.E) ? sqrt_softplus(l[e]) + p.bias[e] : -INFINITY;
+      const float v = (i < per && e < p.E) ? sqrt_softplus(logit(l, e)) + p.bias[e] : -INFINITY;
       b[i] = v != v ? -INFINITY : v;  // NaN ranks last, so the arg-max below always finds an expert
       if (!(i < per && e < p.E)) taken |= 1u << i;
     }
@@ -80,7 +88,7 @@ __global__ void route_kernel(const RouteK p) {
       if ((be & 31) == lane) taken |= 1u << (be >> 5);
       if (lane == 0) {
         idx[k] = be;
-        sel_s[k] = sqrt_softplus(l[be]);
+        sel_s[k] = sqrt_softplus(logit(l, be));
       }
     }
   }
