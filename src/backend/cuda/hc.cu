@@ -2,10 +2,10 @@
 // hc_pre / hc_head: two kernels. The first computes the sum of squares and
 // all (2+hc)·hc (head: hc) dot products with fn as partial sums over chunks of
 // the flattened hc·D vector (many CTAs: fn is streamed once per token tile);
-// the second, one CTA per token, adds a token's partials in a fixed order, its
-// first warp applies the sigmoid gates and the Sinkhorn normalisation (a 4×4
-// matrix: latency, not throughput; a lane per row / column), and all threads
-// collapse the streams.
+// the second adds a token's partials in a fixed order and, in two CTAs per
+// token, applies the pre gates and collapses the streams (CTA t, 0) while one
+// warp makes the post gates and the Sinkhorn normalisation (CTA t, 1: a 4×4
+// matrix, latency, not throughput; a lane per element).
 // hc_post: one thread per (token, channel) updates all hc streams (in place,
 // or into another buffer).
 // The fused forms the step runs: hc_post + the next hc_pre's partial sums in
@@ -208,8 +208,9 @@ __global__ void __launch_bounds__(kThreads) hc_post_mix_kernel(const HcKParams p
   mix_partial<HC, false, TT>(p, tokens, part, load);
 }
 
-// One CTA per token: the partials summed in a fixed order, then (warp 0) the
-// sigmoid gates and Sinkhorn, then all threads collapse the streams. NORM: the
+// Two CTAs per token (one for hc_head): both sum the partials in a fixed
+// order; CTA (t, 0) applies the pre gates and collapses the streams while
+// warp 0 of CTA (t, 1) makes the post gates and the Sinkhorn-normalised comb. NORM: the
 // collapsed row is then RMS-normed in the same CTA (norm_device.cuh; launched
 // with rms_norm_threads(dim) threads and the row in dynamic shared memory, so
 // the normed row has the RMSNorm kernel's bits); collapsed may then be null.
@@ -245,18 +246,24 @@ __global__ void __launch_bounds__(NORM ? 1024 : kThreads)
     }
   }
   __syncthreads();
-  if (threadIdx.x < 32) {  // warp 0: the gates, then Sinkhorn with a thread per row / column
-    const float inv = 1.0f / sqrtf(mix[R] / float(n) + p.norm_eps);
-    const int k = threadIdx.x;
-    if (k < HC) pre[k] = sigmoid(mix[k] * inv * p.scale[0] + p.base[k]) + p.hc_eps;
-    if constexpr (!HEAD) {
-      if (k < HC) p.post[t * HC + k] = 2.0f * sigmoid(mix[HC + k] * inv * p.scale[1] + p.base[HC + k]);
-      for (int i = k; i < HC * HC; i += 32) cm[i] = mix[2 * HC + i] * inv * p.scale[2] + p.base[2 * HC + i];
-      __syncwarp();
-      sinkhorn_warp<HC>(cm, p.iters, p.hc_eps);
-      for (int i = k; i < HC * HC; i += 32) p.comb[t * HC * HC + i] = cm[i];
+  const float inv = 1.0f / sqrtf(mix[R] / float(n) + p.norm_eps);
+  if constexpr (!HEAD) {
+    // CTA (t, 1): the post gates and the Sinkhorn-normalised comb, which only the
+    // hc_post after the attention / MoE block reads, in parallel with CTA (t, 0)'s
+    // collapse and norm (one CTA ran them one after the other).
+    if (blockIdx.y == 1) {
+      if (threadIdx.x < 32) {
+        const int k = threadIdx.x;
+        if (k < HC) p.post[t * HC + k] = 2.0f * sigmoid(mix[HC + k] * inv * p.scale[1] + p.base[HC + k]);
+        for (int i = k; i < HC * HC; i += 32) cm[i] = mix[2 * HC + i] * inv * p.scale[2] + p.base[2 * HC + i];
+        __syncwarp();
+        sinkhorn_warp<HC>(cm, p.iters, p.hc_eps);
+        for (int i = k; i < HC * HC; i += 32) p.comb[t * HC * HC + i] = cm[i];
+      }
+      return;
     }
   }
+  if (threadIdx.x < HC) pre[threadIdx.x] = sigmoid(mix[threadIdx.x] * inv * p.scale[0] + p.base[threadIdx.x]) + p.hc_eps;
   __syncthreads();
   float pk[HC];
 #pragma unroll
@@ -316,12 +323,13 @@ void launch_mix_hc(cuda::Context& ctx, const HcKParams& p, int64_t tokens, float
   if (partials)
     launch_partial(ctx, hc_mix_partial_kernel<HC, HEAD, 1>, hc_mix_partial_kernel<HC, HEAD, kTileT>, nch, tokens,
                    "hc_mix_partial_kernel", p, tokens, part);
+  const dim3 grid(unsigned(tokens), HEAD ? 1u : 2u);  // (t, 1): post and comb (hc_pre only)
   if (norm)
-    cuda::launch_kernel(ctx, hc_mix_finish_kernel<HC, HEAD, true>, dim3(unsigned(tokens)),
+    cuda::launch_kernel(ctx, hc_mix_finish_kernel<HC, HEAD, true>, grid,
                         dim3(unsigned(cuda::rms_norm_threads(p.dim))), size_t(p.dim) * 4, "hc_mix_finish_norm_kernel",
                         p, nch, static_cast<const float*>(part), *norm);
   else
-    cuda::launch_kernel(ctx, hc_mix_finish_kernel<HC, HEAD, false>, dim3(unsigned(tokens)), dim3(unsigned(kThreads)),
+    cuda::launch_kernel(ctx, hc_mix_finish_kernel<HC, HEAD, false>, grid, dim3(unsigned(kThreads)),
                         0, "hc_mix_finish_kernel", p, nch, static_cast<const float*>(part), NormOut{});
 }
 
