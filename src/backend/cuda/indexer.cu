@@ -121,16 +121,9 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const float* score, 
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int j = threadIdx.x; j < 256; j += blockDim.x) hist[j] = 0;
       __syncthreads();
-      // Scores share their top bits (one sign, a few exponents), so a pass would
-      // send most of a warp's atomics to one bin, one after another: each warp
-      // adds its lanes per distinct bin once (match.any), the same counts.
-      for (int64_t e0 = 0; e0 < cnt; e0 += blockDim.x) {
-        const int64_t e = e0 + threadIdx.x;
-        const uint32_t key = e < cnt ? fkey(sc[e]) : 0u;
-        const bool in = e < cnt && (key & mask) == prefix;
-        const uint32_t bin = in ? (key >> shift) & 255u : 256u;  // 256: not counted
-        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (in && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+      for (int64_t e = threadIdx.x; e < cnt; e += blockDim.x) {
+        const uint32_t key = fkey(sc[e]);
+        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
       }
       __syncthreads();
       if (threadIdx.x < 32) {
