@@ -11,10 +11,10 @@
 // rounds, as in an fp32 dot product. (bf16 x, e.g. a cast input, takes one.)
 //
 // Batch invariance: an output's arithmetic is fixed by the weight's shape
-// (N, K, groups) alone. K is cut into S chunks (dense_mma_chunks: more
+// (N, K, groups) alone. K is cut into S chunks (dense_mma_chunk_blocks: more
 // chunks for narrow weights); within a chunk the CTA's 8 warps take
-// interleaved k16 steps (warp w: steps w, w + 8, …), the eight partial sums
-// are added in warp order, and the chunk sums are added in chunk order. At
+// interleaved 32-wide k blocks (warp w: blocks w, w + 8, …), the eight partial
+// sums are added in warp order, and the chunk sums are added in chunk order. At
 // one token (M <= 16) each chunk is its own CTA, so a narrow weight (the
 // router: 32 column tiles) still spreads over every SM, and the last CTA of a
 // column tile to arrive adds the chunk sums (sm90_splitk.cuh's pattern); for
@@ -38,43 +38,55 @@ __device__ __forceinline__ uint32_t pack_bf16x2(uint16_t lo_k, uint16_t hi_k) {
   return uint32_t(lo_k) | (uint32_t(hi_k) << 16);
 }
 
-// The A fragment of one 16-row tile as mma.sync m16n8k16 takes it — rows g and
-// g + 8, columns k..k+1 and k+8..k+9 of the step (k = 2t) — in two halves so
-// that a warp can issue the loads of several k16 steps before using any:
-// load_x reads the raw words (f32 x: 8 words, bf16 x: 4), split_x makes the
-// three bf16 parts (or passes the bf16 words through).
+// K is walked in 32-wide blocks, each two mma.sync m16n8k16 steps, with k
+// permuted inside the block so that every operand load is 16 bytes wide: lane
+// (g, t) reads elements 8t .. 8t+7 of its weight row (one uint4) and of its x
+// rows, and step s takes 8t+4s, +1 as the fragment's "k = 2t, 2t+1" pair and
+// 8t+4s+2, +3 as its "k = 2t+8, 2t+9" pair, for W and x alike — the same
+// products, a fixed grouping. (Per-step 4-byte loads left a 2,048-column
+// weight streaming at under 1 TB/s.)
+// load_x reads a 16-row tile's words of one block — rows g and g + 8, f32 x: 8
+// floats each, bf16 x: 4 words each — and split_x makes step s's three bf16
+// parts (or passes the bf16 words through).
 template <bool XBF>
 __device__ __forceinline__ void load_x(const void* x, int64_t ldx, int64_t col0, int64_t r0, int64_t M, int64_t k,
-                                       int64_t K, uint32_t (&r)[8]) {
-  const int64_t rows[2] = {r0, r0 + 8};
-  const int64_t ks[2] = {k, k + 8};
+                                       int64_t kbound, uint32_t (&r)[16]) {
 #pragma unroll
-  for (int kh = 0; kh < 2; ++kh)
+  for (int rh = 0; rh < 2; ++rh) {
+    const int64_t row = r0 + 8 * rh;
+    const bool ok = row < M && k < kbound;  // K % 8 == 0: a lane's 8 elements are all in or all out
+    if constexpr (XBF) {
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (ok) v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(x) + row * ldx + col0 + k);
+      r[4 * rh] = v.x;
+      r[4 * rh + 1] = v.y;
+      r[4 * rh + 2] = v.z;
+      r[4 * rh + 3] = v.w;
+    } else {
+      const float* src = static_cast<const float*>(x) + row * ldx + col0 + k;
 #pragma unroll
-    for (int rh = 0; rh < 2; ++rh) {
-      const int reg = kh * 2 + rh;  // a0: (g, k), a1: (g+8, k), a2: (g, k+8), a3: (g+8, k+8)
-      const bool ok = rows[rh] < M && ks[kh] < K;
-      if constexpr (XBF) {
-        r[reg] = ok ? *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(x) + rows[rh] * ldx + col0 +
-                                                         ks[kh])
-                    : 0u;
-      } else {
-        float2 v = make_float2(0.f, 0.f);
-        if (ok) v = *reinterpret_cast<const float2*>(static_cast<const float*>(x) + rows[rh] * ldx + col0 + ks[kh]);
-        r[2 * reg] = __float_as_uint(v.x);
-        r[2 * reg + 1] = __float_as_uint(v.y);
+      for (int h = 0; h < 2; ++h) {
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (ok) v = reinterpret_cast<const float4*>(src)[h];
+        r[8 * rh + 4 * h] = __float_as_uint(v.x);
+        r[8 * rh + 4 * h + 1] = __float_as_uint(v.y);
+        r[8 * rh + 4 * h + 2] = __float_as_uint(v.z);
+        r[8 * rh + 4 * h + 3] = __float_as_uint(v.w);
       }
     }
+  }
 }
 
 template <bool XBF>
-__device__ __forceinline__ void split_x(const uint32_t (&r)[8], uint32_t (&a)[3][4]) {
+__device__ __forceinline__ void split_x(const uint32_t (&r)[16], int s, uint32_t (&a)[3][4]) {
 #pragma unroll
-  for (int reg = 0; reg < 4; ++reg) {
+  for (int reg = 0; reg < 4; ++reg) {  // a0: (g, pair 0), a1: (g+8, pair 0), a2: (g, pair 1), a3: (g+8, pair 1)
+    const int rh = reg & 1, pair = reg >> 1;
     if constexpr (XBF) {
-      a[0][reg] = r[reg];
+      a[0][reg] = r[4 * rh + 2 * s + pair];
     } else {
-      const float f[2] = {__uint_as_float(r[2 * reg]), __uint_as_float(r[2 * reg + 1])};
+      const int at = 8 * rh + 4 * s + 2 * pair;
+      const float f[2] = {__uint_as_float(r[at]), __uint_as_float(r[at + 1])};
       uint16_t p[3][2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -98,7 +110,7 @@ struct MmaArgs {
   bool y_bf16;
   int64_t ldy;
   float alpha;
-  int64_t chunk_steps;  // k16 steps per chunk
+  int64_t chunk_blocks;  // 32-wide k blocks per chunk
   int chunks;           // S: chunks of K, added in order
   int ksplit;           // CTAs per column tile along K: S (one chunk each) or 1 (all chunks in turn)
   bool prefetch;        // at one row block, fetch the CTA's weight slice into L2 before the PDL wait
@@ -116,7 +128,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 2) dense_mma_kernel(const MmaA
   const int64_t c0 = (blockIdx.x % p.blocks_per_group) * (8 * NT);  // the CTA's first column within its group
   const int64_t m0 = int64_t(blockIdx.y) * (16 * MT);
   const int64_t col0 = grp * p.K;                                   // the group's columns of x
-  const int64_t steps = (p.K + 15) / 16;
+  const int64_t nblk = (p.K + 31) / 32;
   const int c_begin = p.ksplit > 1 ? int(blockIdx.z) : 0, c_end = p.ksplit > 1 ? c_begin + 1 : p.chunks;
   const uint16_t* wrow[NT];
   bool wok[NT];
@@ -132,8 +144,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 2) dense_mma_kernel(const MmaA
   // not: its CTAs' prefetches would evict each other's before use.)
   if (p.prefetch && gridDim.y == 1 && int(threadIdx.x) < 8 * NT) {
     const int64_t cg = c0 + threadIdx.x;
-    const int64_t k_lo = int64_t(c_begin) * p.chunk_steps * 16;
-    const int64_t k_hi = min(p.K, int64_t(c_end) * p.chunk_steps * 16);
+    const int64_t k_lo = int64_t(c_begin) * p.chunk_blocks * 32;
+    const int64_t k_hi = min(p.K, int64_t(c_end) * p.chunk_blocks * 32);
     if (cg < p.rpg && k_hi > k_lo)
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.w + (grp * p.rpg + cg) * p.K + k_lo),
                    "r"(uint32_t((k_hi - k_lo) * 2))
@@ -145,15 +157,15 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 2) dense_mma_kernel(const MmaA
   float tot[kOwn];
 #pragma unroll
   for (int q = 0; q < kOwn; ++q) tot[q] = 0.f;
-  // Warp w takes the chunk's k16 steps w, w + 8, …, U of them per round: the
-  // round's weight and x loads are all issued before its first mma (one step
-  // per round left every warp waiting a full memory latency per step). Tall
-  // tiles (M > 16: prefill, many CTAs, compute-bound) keep one step per round:
-  // the extra registers of a deeper round halved their occupancy and slowed
+  // Warp w takes the chunk's k blocks w, w + 8, …, U of them per round: the
+  // round's weight and x loads are all issued before its first mma (one block
+  // per round left every warp waiting a full memory latency per block). Tall
+  // tiles (M > 16: prefill, many CTAs, compute-bound) keep one block per
+  // round: the registers of a deeper round halved their occupancy and slowed
   // them (~30%, the compressor projections at 2,048 rows).
-  constexpr int U = MT == 1 ? (NT == 1 ? 8 : 4) : 1;
+  constexpr int U = MT == 1 ? (NT == 1 ? 4 : 2) : 1;
   for (int c = c_begin; c < c_end; ++c) {
-    const int64_t s_lo = int64_t(c) * p.chunk_steps, s_hi = min(steps, s_lo + p.chunk_steps);
+    const int64_t b_lo = int64_t(c) * p.chunk_blocks, b_hi = min(nblk, b_lo + p.chunk_blocks);
     float acc[MT][NT][4];
 #pragma unroll
     for (int i = 0; i < MT; ++i)
@@ -161,33 +173,35 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 2) dense_mma_kernel(const MmaA
       for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-    for (int64_t s0 = s_lo + warp; s0 < s_hi; s0 += int64_t(kMmaWarps) * U) {
-      uint32_t b[U][NT][2];
-      uint32_t xr[U][MT][8];
+    for (int64_t b0 = b_lo + warp; b0 < b_hi; b0 += int64_t(kMmaWarps) * U) {
+      uint4 wv[U][NT];
+      uint32_t xr[U][MT][16];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        // Past the chunk's last step nothing is loaded (the next chunk is another CTA's).
-        const int64_t st = s0 + int64_t(u) * kMmaWarps, k = st * 16 + 2 * t, kb = st < s_hi ? p.K : 0;
+        // Past the chunk's last block nothing is loaded (the next chunk is another CTA's).
+        const int64_t blk = b0 + int64_t(u) * kMmaWarps, k = blk * 32 + 8 * t, kb = blk < b_hi ? p.K : 0;
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          b[u][j][0] = wok[j] && k < kb ? *reinterpret_cast<const uint32_t*>(wrow[j] + k) : 0u;
-          b[u][j][1] = wok[j] && k + 8 < kb ? *reinterpret_cast<const uint32_t*>(wrow[j] + k + 8) : 0u;
-        }
+        for (int j = 0; j < NT; ++j)
+          wv[u][j] = wok[j] && k < kb ? *reinterpret_cast<const uint4*>(wrow[j] + k) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int i = 0; i < MT; ++i) load_x<XBF>(p.x, p.ldx, col0, m0 + 16 * i + g, p.M, k, kb, xr[u][i]);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (s0 + int64_t(u) * kMmaWarps >= s_hi) break;  // warp-uniform; no mma past the chunk's last step
+        if (b0 + int64_t(u) * kMmaWarps >= b_hi) break;  // warp-uniform; no mma past the chunk's last block
 #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          uint32_t a[3][4];
-          split_x<XBF>(xr[u][i], a);
+        for (int s = 0; s < 2; ++s)
 #pragma unroll
-          for (int j = 0; j < NT; ++j)
+          for (int i = 0; i < MT; ++i) {
+            uint32_t a[3][4];
+            split_x<XBF>(xr[u][i], s, a);
 #pragma unroll
-            for (int part = 0; part < kParts; ++part) sm90::mma_16816(acc[i][j], a[part], b[u][j][0], b[u][j][1]);
-        }
+            for (int j = 0; j < NT; ++j) {
+              const uint32_t b0w = s ? wv[u][j].z : wv[u][j].x, b1w = s ? wv[u][j].w : wv[u][j].y;
+#pragma unroll
+              for (int part = 0; part < kParts; ++part) sm90::mma_16816(acc[i][j], a[part], b0w, b1w);
+            }
+          }
       }
     }
     // The warps' partial sums added in warp order, then to the chunk total; each
@@ -252,13 +266,13 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 2) dense_mma_kernel(const MmaA
 // S, the chunks K is cut into: a function of the weight's shape only (never of
 // M or the device), so the bits of a row do not depend on the batch. Narrow
 // weights get more chunks so that a one-token call still has ~256 CTAs (one
-// wave at two per SM) streaming the weight; a chunk keeps at least two k16
-// steps per warp.
-int64_t dense_mma_chunk_steps(int64_t N, int64_t K, int groups) {
-  const int64_t tiles = (N / groups + 7) / 8 * groups, steps = (K + 15) / 16;
+// wave at two per SM) streaming the weight; a chunk keeps at least one k block
+// per warp.
+int64_t dense_mma_chunk_blocks(int64_t N, int64_t K, int groups) {
+  const int64_t tiles = (N / groups + 7) / 8 * groups, nblk = (K + 31) / 32;
   int64_t s = tiles >= 256 ? 1 : (256 + tiles - 1) / tiles;
-  s = std::max<int64_t>(1, std::min({s, int64_t(16), steps / 16}));
-  return (steps + s - 1) / s;
+  s = std::max<int64_t>(1, std::min({s, int64_t(16), nblk / kMmaWarps}));
+  return (nblk + s - 1) / s;
 }
 
 template <int MT, int NT>
@@ -276,9 +290,9 @@ void launch_mma(Context& ctx, const uint16_t* w, int64_t N, int64_t K, int group
   p.y_bf16 = y_bf16;
   p.ldy = ldy;
   p.alpha = alpha;
-  p.chunk_steps = dense_mma_chunk_steps(N, K, groups);
-  const int64_t steps = (K + 15) / 16, blocks = int64_t(groups) * p.blocks_per_group;
-  p.chunks = int((steps + p.chunk_steps - 1) / p.chunk_steps);
+  p.chunk_blocks = dense_mma_chunk_blocks(N, K, groups);
+  const int64_t nblk = (K + 31) / 32, blocks = int64_t(groups) * p.blocks_per_group;
+  p.chunks = int((nblk + p.chunk_blocks - 1) / p.chunk_blocks);
   const int64_t row_blocks = (M + 16 * MT - 1) / (16 * MT);
   CM_CU_CHECK(blocks < (int64_t(1) << 31) && row_blocks < 65536,
               "dense_linear: grid too large (%lld columns, %lld rows)", (long long)N, (long long)M);
@@ -302,9 +316,8 @@ void launch_mma(Context& ctx, const uint16_t* w, int64_t N, int64_t K, int group
 }  // namespace
 
 bool dense_mma_supported(int64_t K, int64_t ldx, const void* x, bool x_bf16) {
-  // 4-byte weight pairs and 8-byte (f32) / 4-byte (bf16) x pairs: K and ldx even, rows aligned.
-  const uintptr_t align = x_bf16 ? 4 : 8;
-  return K % 8 == 0 && ldx % 2 == 0 && reinterpret_cast<uintptr_t>(x) % align == 0;
+  // 16-byte loads of 8 weights and of 8 x values (f32: two): K a multiple of 8, x rows 16-byte aligned.
+  return K % 8 == 0 && ldx % (x_bf16 ? 8 : 4) == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
 
 void dense_linear_mma(Context& ctx, const uint16_t* w, int64_t N, int64_t K, int groups, const void* x, bool x_bf16,
