@@ -234,8 +234,8 @@ __global__ void __launch_bounds__(NORM ? 1024 : kThreads)
   const int64_t t = blockIdx.x, n = HC * p.dim;
   const float* x = p.x + t * n;
   // A warp per mixing row: lane l adds chunks l, l + 32, … in order, then the
-  // lanes' sums meet in a fixed shuffle tree (lane 0's result). A fixed order
-  // per token; a lane per row walking all chunks serially took several µs.
+  // lanes' sums meet in a fixed shuffle tree (lane 0's result): a fixed order
+  // per token, the loads spread over the warp.
   {
     const int lane = threadIdx.x & 31;
     for (int r = threadIdx.x >> 5; r <= R; r += blockDim.x >> 5) {

@@ -28,8 +28,8 @@ struct RouteK {
 __device__ __forceinline__ float sqrt_softplus(float v) { return sqrtf(v > 20.0f ? v : log1pf(expf(v))); }
 
 // A NaN logit is read as -inf (the step has counted it; here it only must not
-// win the arg-max or poison the weights): what a replace_nan pass over the
-// logits did, without its launch (it was a one-token step's ~2 µs).
+// win the arg-max or poison the weights): what a separate replace_nan pass
+// over the logits did, without its launch.
 __device__ __forceinline__ float logit(const float* l, int e) {
   const float v = l[e];
   return v != v ? -INFINITY : v;
