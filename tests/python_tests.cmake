@@ -30,3 +30,13 @@ if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
   set_tests_properties(server_api PROPERTIES LABELS cpu TIMEOUT 600 ENVIRONMENT
                        "CLAWMINE_BIN=$<TARGET_FILE:clawmine>;CLAWMINE_MODEL=${CMAKE_CURRENT_SOURCE_DIR}/models/default")
 endif()
+# layering: every #include in src/ and bench/ points down the layer stack and the rooms form no
+# cycle (tools/check_layers.py; docs/architecture.md draws the layers).
+if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
+  add_test(NAME layering COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tools/check_layers.py
+                                 ${CMAKE_CURRENT_SOURCE_DIR})
+  set_tests_properties(layering PROPERTIES LABELS cpu TIMEOUT 60)
+  add_test(NAME layering_self_test COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tools/check_layers.py
+                                           --self-test)
+  set_tests_properties(layering_self_test PROPERTIES LABELS cpu TIMEOUT 60)
+endif()

@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/comm.h"
+#include "comm/comm.h"
 #include "model/model.h"
 
 namespace cm::test {

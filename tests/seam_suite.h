@@ -23,10 +23,11 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/backend.h"
+#include "seam/backend.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "step_util.h"
+#include "factory/factory.h"
 
 namespace seam_suite {
 

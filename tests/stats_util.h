@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/backend.h"
+#include "seam/backend.h"
 #include "model/model.h"
-#include "model/observer.h"
+#include "seam/observer.h"
 #include "step_util.h"
 
 namespace cm::test {

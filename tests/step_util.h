@@ -7,10 +7,11 @@
 #include <memory>
 #include <vector>
 
-#include "engine/backend.h"
+#include "seam/backend.h"
 #include "io/safetensors.h"
 #include "common/error.h"
 #include "model/model.h"
+#include "factory/factory.h"
 
 namespace cm::test {
 

@@ -10,8 +10,8 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "engine/comm.h"
-#include "model/cpu_backend.h"
+#include "comm/comm.h"
+#include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "rank_util.h"
 #include "step_util.h"

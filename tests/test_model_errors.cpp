@@ -13,7 +13,7 @@
 #include "common/error.h"
 #include "test_util.h"
 #include "io/safetensors.h"
-#include "model/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "step_util.h"
 

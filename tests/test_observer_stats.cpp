@@ -11,11 +11,14 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/backend.h"
+#include "seam/backend.h"
 #include "model/model.h"
 #include "ops/stats.h"
 #include "stats_util.h"
 #include "step_util.h"
+#include "runtime/layer_stats.h"
+#include "backend/observe.h"
+#include "factory/factory.h"
 
 namespace {
 

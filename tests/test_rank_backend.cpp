@@ -13,8 +13,8 @@
 #include <functional>
 
 #include "common/error.h"
-#include "engine/rank_backend.h"
-#include "model/cpu_backend.h"
+#include "factory/leader_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "rank_util.h"
 #include "serve/engine.h"

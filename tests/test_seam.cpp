@@ -6,6 +6,7 @@
 #include <new>
 
 #include "seam_suite.h"
+#include "factory/factory.h"
 
 namespace seam_suite {
 

@@ -13,9 +13,10 @@
 
 #include "cli_run.h"
 #include "common/numeric.h"
-#include "engine/backend.h"
+#include "seam/backend.h"
 #include "model/synthetic.h"
 #include "step_util.h"
+#include "factory/factory.h"
 
 using namespace cm;
 

@@ -9,7 +9,7 @@ set -euo pipefail
 B=${1:-build-dev}
 mkdir -p "$B/obj"
 TP=third_party
-INC="-Isrc -I$TP/include -I$TP/googletest/include -I$TP/googletest -DFMT_HEADER_ONLY -DCLAWMINE_HAVE_CUDA=1"
+INC="-Isrc -I. -I$TP/include -I$TP/googletest/include -I$TP/googletest -DFMT_HEADER_ONLY -DCLAWMINE_HAVE_CUDA=1"
 INC="$INC -DCLAWMINE_TEST_DATA=\"$PWD/tests/data\""
 mkdir -p "$B/generated"
 echo "#define CLAWMINE_GIT_COMMIT \"$(git rev-parse --short=12 HEAD 2>/dev/null || echo device-build)\"" >"$B/generated/clawmine_build_info.h"
@@ -43,11 +43,10 @@ compile() {  # compile SRC OBJ
   esac
 }
 obj() { echo "$B/obj/$(echo "$1" | tr '/' '_').o"; }
-# The CPU reference ops, the checkpoint reader and model loader, both backends
-# behind the engine seam, and the CUDA kernels.
-CORE=(src/common/*.cpp src/io/*.cpp src/quant/*.cpp src/model/*.cpp src/engine/*.cpp src/backend/cpu/*.cpp
-      src/backend/cuda/*.cpp src/backend/cuda/*.cu src/tokenizer/*.cpp src/chat/*.cpp src/runtime/*.cpp
-      src/sampling/*.cpp)
+# Every room of src/ but the CLI and the HTTP server (both backends behind the seam, the CUDA
+# kernels in their family folders, the runtime), and the benchmarks of bench/.
+CORE=($(find src -path src/cli -prune -o -path src/serve -prune -o \( -name '*.cpp' -o -name '*.cu' \) -print | sort)
+      bench/*.cu)
 TESTS=(tests/gpu/*.cpp "$TP/googletest/src/gtest-all.cc" "$TP/googletest/src/gtest_main.cc")
 # Every command but `serve` (Debian's cpp-httplib is a compiled library with TLS dependencies the device lacks).
 CLI=($(ls src/cli/*.cpp | grep -v cmd_serve.cpp))

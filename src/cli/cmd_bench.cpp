@@ -12,10 +12,11 @@
 #include "cli/commands.h"
 #include "common/error.h"
 #ifdef CLAWMINE_HAVE_CUDA
-#include "backend/cuda/bench_kernels.h"
-#include "backend/cuda/bench_model.h"
+#include "bench/bench_kernels.h"
+#include "bench/bench_model.h"
 #endif
-#include "engine/backend.h"
+#include "seam/backend.h"
+#include "factory/factory.h"
 
 namespace {
 

@@ -22,6 +22,8 @@
 #include "common/error.h"
 #include "runtime/session.h"
 #include "sampling/generation_config.h"
+#include "runtime/layer_stats.h"
+#include "factory/factory.h"
 
 namespace {
 

@@ -10,8 +10,10 @@
 #include "common/error.h"
 #include "io/output_file.h"
 #include "io/safetensors.h"
-#include "engine/backend.h"
+#include "seam/backend.h"
 #include "model/model.h"
+#include "runtime/layer_stats.h"
+#include "factory/factory.h"
 
 namespace {
 

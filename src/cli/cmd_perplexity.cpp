@@ -18,6 +18,8 @@
 #include "common/error.h"
 #include "io/input_file.h"
 #include "tokenizer/tokenizer.h"
+#include "runtime/layer_stats.h"
+#include "factory/factory.h"
 
 namespace {
 

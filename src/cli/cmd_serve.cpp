@@ -18,11 +18,13 @@
 #include "cli/engine_options.h"
 #include "common/error.h"
 #include "sampling/generation_config.h"
-#include "engine/backend.h"
-#include "model/observer.h"
+#include "seam/backend.h"
+#include "seam/observer.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
 #include "tokenizer/tokenizer.h"
+#include "runtime/layer_stats.h"
+#include "factory/factory.h"
 
 namespace {
 

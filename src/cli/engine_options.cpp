@@ -11,6 +11,7 @@
 #include "cli/threads.h"
 #include "common/error.h"
 #include "sampling/generation_config.h"
+#include "factory/factory.h"
 
 namespace cm::cli {
 

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/backend.h"
+#include "seam/backend.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
 

@@ -9,10 +9,11 @@
 #include <sstream>
 
 #include "common/error.h"
-#include "engine/backend.h"
+#include "seam/backend.h"
 #include "io/input_file.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
+#include "factory/factory.h"
 
 namespace cm {
 

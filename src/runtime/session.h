@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "seam/backend.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"

@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/backend.h"
+#include "seam/backend.h"
 #include "sampling/sampler.h"
 #include "serve/metrics.h"
 #include "tokenizer/tokenizer.h"

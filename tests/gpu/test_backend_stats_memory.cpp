@@ -26,6 +26,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_observer.h"
 #include "common/error.h"
+#include "factory/factory.h"
 
 namespace {
 

@@ -10,9 +10,10 @@
 #include <cmath>
 
 #include "../step_util.h"
-#include "backend/cuda/bench_model.h"
-#include "engine/backend.h"
+#include "bench/bench_model.h"
+#include "seam/backend.h"
 #include "model/synthetic.h"
+#include "factory/factory.h"
 
 using namespace cm;
 

@@ -23,7 +23,7 @@
 #include "ops/linear.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
-#include "model/observer.h"
+#include "seam/observer.h"
 #include "ops/router.h"
 #include "ops/stats.h"
 #include "ops/swiglu.h"

@@ -2,7 +2,8 @@
 // test binary so the device run executes it: golden fixtures vs transformers,
 // the mixed batch vs lone runs, determinism, reservation errors, copy/reset.
 #include "../seam_suite.h"
-#include "engine/comm.h"
+#include "comm/comm.h"
+#include "factory/factory.h"
 
 namespace seam_suite {
 

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/comm.h"
+#include "comm/comm.h"
 
 namespace cm {
 

@@ -29,7 +29,7 @@
 #include "backend/cuda/device_observer.h"
 #include "backend/cuda/op_timer.h"
 #include "common/numeric.h"
-#include "engine/comm.h"
+#include "comm/comm.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
 #include "ops/hc.h"
@@ -37,6 +37,7 @@
 #include "ops/rope.h"
 #include "ops/router.h"
 #include "ops/swiglu.h"
+#include "backend/step_plan.h"
 
 namespace cm {
 

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "seam/backend.h"
 #include "model/model.h"
 
 namespace cm {

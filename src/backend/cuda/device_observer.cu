@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_errors.h"
+#include "backend/observe.h"
 
 namespace cm::cuda {
 

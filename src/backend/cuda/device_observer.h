@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_util.h"
-#include "model/observer.h"
+#include "seam/observer.h"
 #include "ops/stats.h"
 
 namespace cm::cuda {

@@ -1,4 +1,4 @@
-// The CPU backend: DeepSeek-V4 in fp32 behind the engine seam (engine/backend.h),
+// The CPU backend: DeepSeek-V4 in fp32 behind the engine seam (seam/backend.h),
 // the reference every other backend is tested against.
 //
 // Per-slot state lives in one arena per slot, laid out identically for every
@@ -13,15 +13,16 @@
 //
 // Activations and scratch for max_step_tokens rows are preallocated too; a
 // step allocates nothing. cpu_backend.cpp holds the step top to bottom,
-// attention.cpp and moe.cpp the two blocks.
+// attention_block.cpp and moe_block.cpp the two blocks.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "backend/step_plan.h"
 #include "model/model.h"
+#include "seam/backend.h"
 
 namespace cm {
 
@@ -44,14 +45,6 @@ struct SlotState {
   std::vector<float> arena;
   std::vector<LayerSlot> layers;
   int64_t pos = 0;  // tokens held
-};
-
-// A run of one slot's tokens inside a step's batch.
-struct Segment {
-  int32_t slot = 0;
-  int32_t row0 = 0;  // first batch row
-  int32_t n = 0;     // rows
-  int64_t pos0 = 0;  // position of the first row
 };
 
 // Everything a step computes, [max_step_tokens, ...] unless noted (fp32).
@@ -108,10 +101,6 @@ struct CpuActivations {
     std::vector<const float*> irows; // [kIndexerChunk]
   };
   std::vector<Thread> threads;
-  std::vector<Segment> segs;       // [max_slots]
-  int64_t n_segs = 0;
-  std::vector<int32_t> seg_of_row; // [N]
-  std::vector<int32_t> logit_rows; // [N]
 };
 
 class CpuBackend final : public ModelBackend {
@@ -142,6 +131,7 @@ class CpuBackend final : public ModelBackend {
   const Model& model() const { return m_; }
   const BackendOptions& options() const { return opt_; }
   const Batch& batch() const { return *batch_; }
+  const StepPlan& plan() const { return plan_; }
   CpuActivations& act() { return act_; }
   SlotState& slot(int32_t s) { return slots_[size_t(s)]; }
   int threads() const { return threads_; }
@@ -157,6 +147,7 @@ class CpuBackend final : public ModelBackend {
   std::vector<SlotState> slots_;
   std::vector<int64_t> pos_;  // slot positions, for check_batch
   CpuActivations act_;
+  StepPlan plan_;
   const Batch* batch_ = nullptr;
   int threads_ = 1;
   std::string first_bad_;  // first non-finite intermediate of the current step
@@ -166,8 +157,11 @@ class CpuBackend final : public ModelBackend {
 void attention_block(CpuBackend& be, int64_t layer, const float* x, float* out);
 void moe_block(CpuBackend& be, int64_t layer, const float* x, float* out);
 
-// Routing (spec'd in moe.cpp): for each row the K global expert ids and weights.
+// Routing (spec'd in moe_block.cpp): for each row the K global expert ids and weights.
 void moe_route(const Config& c, const LayerWeights& lw, const int32_t* tokens, const float* logits, int64_t T,
                int32_t* idx, float* weights);
+
+// The CPU backend behind the seam (the factory's way to make one).
+std::unique_ptr<ModelBackend> make_cpu_backend(const Model& m, const BackendOptions& opt);
 
 }  // namespace cm

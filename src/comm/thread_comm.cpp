@@ -13,7 +13,7 @@
 #include <string>
 
 #include "common/error.h"
-#include "engine/comm.h"
+#include "comm/comm.h"
 
 namespace cm {
 

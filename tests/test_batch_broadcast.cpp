@@ -1,4 +1,4 @@
-// broadcast_plan (engine/step_plan.h): rank 0's step plan reaches every rank of
+// broadcast_batch (engine/batch_broadcast.h): rank 0's step plan reaches every rank of
 // 2, 4 and 8 simulated ranks intact, round after round (plans of 0 rows
 // included; the other ranks' own plans are ignored); a malformed plan on rank
 // 0 makes every rank fail, none hang; and R ranks of expert parallelism stepped
@@ -10,8 +10,8 @@
 #include <random>
 
 #include "common/error.h"
-#include "engine/step_plan.h"
-#include "model/cpu_backend.h"
+#include "factory/batch_broadcast.h"
+#include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "rank_util.h"
 #include "step_util.h"
@@ -20,8 +20,8 @@ using namespace cm;
 
 namespace {
 
-StepPlan random_plan(std::mt19937& rng, int32_t rows) {
-  StepPlan p;
+OwnedBatch random_plan(std::mt19937& rng, int32_t rows) {
+  OwnedBatch p;
   for (int32_t i = 0; i < rows; ++i) {
     p.token.push_back(int32_t(rng()));
     p.pos.push_back(int32_t(rng() % 100000));
@@ -31,26 +31,26 @@ StepPlan random_plan(std::mt19937& rng, int32_t rows) {
   return p;
 }
 
-bool same(const StepPlan& a, const StepPlan& b) {
+bool same(const OwnedBatch& a, const OwnedBatch& b) {
   return a.token == b.token && a.pos == b.pos && a.slot == b.slot && a.logits == b.logits;
 }
 
 TEST(BroadcastPlan, EveryRankGetsRankZerosPlan) {
   for (int R : {2, 4, 8}) {
     const std::vector<int32_t> sizes = {5, 0, 1, 300, 0, 17};
-    std::vector<std::vector<StepPlan>> got(static_cast<size_t>(R));
+    std::vector<std::vector<OwnedBatch>> got(static_cast<size_t>(R));
     test::run_ranks(R, [&](Comm& comm) {
       std::mt19937 rng(7);  // every rank draws the same plans; only rank 0's may arrive
       std::mt19937 junk(100 + uint32_t(comm.rank()));
       for (int32_t n : sizes) {
-        StepPlan mine = random_plan(rng, n);
-        const StepPlan other = random_plan(junk, n + 3);  // what a non-root rank passes: ignored
-        got[size_t(comm.rank())].push_back(broadcast_plan(comm, comm.rank() == 0 ? mine : other));
+        OwnedBatch mine = random_plan(rng, n);
+        const OwnedBatch other = random_plan(junk, n + 3);  // what a non-root rank passes: ignored
+        got[size_t(comm.rank())].push_back(broadcast_batch(comm, comm.rank() == 0 ? mine : other));
       }
     });
     std::mt19937 rng(7);
     for (size_t k = 0; k < sizes.size(); ++k) {
-      const StepPlan want = random_plan(rng, sizes[k]);
+      const OwnedBatch want = random_plan(rng, sizes[k]);
       for (int r = 0; r < R; ++r) {
         EXPECT_TRUE(same(got[size_t(r)][k], want)) << "R=" << R << " rank " << r << " round " << k;
         EXPECT_EQ(got[size_t(r)][k].batch().n, sizes[k]);
@@ -66,13 +66,13 @@ TEST(BroadcastPlan, MalformedPlanOnRankZeroFailsEveryRank) {
   EXPECT_THROW(test::run_ranks(
                    R,
                    [&](Comm& comm) {
-                     StepPlan p;
+                     OwnedBatch p;
                      p.token = {1, 2, 3};
                      p.pos = {0, 1};  // one short
                      p.slot = {0, 0, 0};
                      p.logits = {0, 0, 1};
                      try {
-                       broadcast_plan(comm, p);
+                       broadcast_batch(comm, p);
                      } catch (const Error& e) {
                        msg[size_t(comm.rank())] = e.what();
                        throw;
@@ -85,7 +85,7 @@ TEST(BroadcastPlan, MalformedPlanOnRankZeroFailsEveryRank) {
 }
 
 // Expert parallelism (every rank runs the same batch) where only rank 0 knows the tokens: each step
-// rank 0 plans a chunk, broadcast_plan ships it, every rank steps with it; rank 0's logits equal a
+// rank 0 plans a chunk, broadcast_batch ships it, every rank steps with it; rank 0's logits equal a
 // one-rank run's bit for bit (prefill in chunks of 5, then the rest one token a step).
 TEST(BroadcastPlan, RanksSteppedWithRankZerosPlansMatchOneRank) {
   const std::string dir = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_text";
@@ -104,7 +104,7 @@ TEST(BroadcastPlan, RanksSteppedWithRankZerosPlansMatchOneRank) {
       be.reserve(CacheShape{1, 5, T});
       std::vector<float> out(size_t(5 * V));
       for (int64_t at = 0;;) {
-        StepPlan p;  // rank 0's scheduler; the others pass an empty plan
+        OwnedBatch p;  // rank 0's scheduler; the others pass an empty plan
         if (comm.rank() == 0 && at < T) {
           const int64_t len = at < 10 ? std::min<int64_t>(5, T - at) : 1;
           for (int64_t i = 0; i < len; ++i) {
@@ -114,7 +114,7 @@ TEST(BroadcastPlan, RanksSteppedWithRankZerosPlansMatchOneRank) {
             p.logits.push_back(1);
           }
         }
-        const StepPlan s = broadcast_plan(comm, p);
+        const OwnedBatch s = broadcast_batch(comm, p);
         if (s.rows() == 0) break;  // rank 0 has no more steps
         be.step(s.batch(), out.data());
         if (comm.rank() == 0) std::memcpy(got.data() + at * V, out.data(), size_t(s.rows() * V) * 4);

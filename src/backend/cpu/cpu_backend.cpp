@@ -10,7 +10,7 @@
 // state. Each row's arithmetic is independent of the other rows, so a sequence
 // gives the same bits alone and in any batch, and chunked prefill gives the
 // same bits as one prefill.
-#include "model/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 
 #include <omp.h>
 
@@ -20,10 +20,12 @@
 
 #include "common/error.h"
 #include "common/numeric.h"
-#include "engine/comm.h"
+#include "backend/observe.h"
+#include "comm/comm.h"
 #include "ops/compressor.h"
 #include "ops/hc.h"
 #include "ops/norm.h"
+#include "backend/step_plan.h"
 
 namespace cm {
 
@@ -105,11 +107,7 @@ void CpuBackend::layout_slot(SlotState& s) {
 
 void CpuBackend::reserve(const CacheShape& shape) {
   const Config& c = m_.config;
-  if (shape.max_slots < 1) fail("reserve: max_slots must be >= 1 (got {})", shape.max_slots);
-  if (shape.max_step_tokens < 1) fail("reserve: max_step_tokens must be >= 1 (got {})", shape.max_step_tokens);
-  if (shape.max_ctx < 1 || shape.max_ctx > c.max_position_embeddings)
-    fail("reserve: context {} outside [1, {}] (the model's max_position_embeddings)", shape.max_ctx,
-         c.max_position_embeddings);
+  check_reserve(shape, c);
   shape_ = shape;
   threads_ = omp_get_max_threads();
   slots_.assign(size_t(shape.max_slots), SlotState{});
@@ -164,7 +162,7 @@ void CpuBackend::reserve(const CacheShape& shape) {
     sized(t.iscore, max_ientries), sized(t.itopk, max_ientries);
     sized(t.iscratch, inh * kIndexerChunk), sized(t.irows, kIndexerChunk);
   }
-  sized(a.segs, shape.max_slots), sized(a.seg_of_row, N), sized(a.logit_rows, N);
+  plan_.reserve(shape);
   const int64_t max_k = std::max({D, c.q_lora_rank, H * hd / c.o_groups, c.o_groups * c.o_lora_rank, I});
   linear_cpu_reserve(max_k, max_recv);
 }
@@ -220,10 +218,7 @@ void CpuBackend::note(const char* what, int64_t layer, const float* data, int64_
                       std::initializer_list<int64_t> inner) {
   // One scan of the whole step first: the common case (no observer, all finite) costs one pass.
   if (!opt_.observer && !(first_bad_.empty() && any_non_finite(data, size_t(batch_->n * row_width)))) return;
-  for (int64_t i = 0; i < act_.n_segs; ++i) {
-    const Segment& s = act_.segs[size_t(i)];
-    note_slot(what, layer, s, data + s.row0 * row_width, s.n, row_width, inner);
-  }
+  for (const Segment& s : plan_) note_slot(what, layer, s, data + s.row0 * row_width, s.n, row_width, inner);
 }
 
 void CpuBackend::step(const Batch& b, float* logits_out) {
@@ -235,15 +230,7 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
   first_bad_.clear();
   CpuActivations& a = act_;
 
-  // The batch as runs of one slot each.
-  int64_t& n_segs = a.n_segs;
-  n_segs = 0;
-  for (int64_t t = 0; t < N; ++t) {
-    if (t == 0 || b.slot[t] != b.slot[t - 1])
-      a.segs[size_t(n_segs++)] = Segment{b.slot[t], int32_t(t), 0, b.pos[t]};
-    a.segs[size_t(n_segs - 1)].n++;
-    a.seg_of_row[size_t(t)] = int32_t(n_segs - 1);
-  }
+  plan_.build(b);  // the batch as runs of one slot each
 
   // Embedding, copied into every hyper-connection stream.
   float* X = a.x.data();
@@ -272,15 +259,12 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
     hc_post_cpu(hc, D, out, a.post.data(), a.comb.data(), N, X);
     note("resid", L, X, hc * D, {hc, D});
   }
-  for (int64_t i = 0; i < n_segs; ++i) {
-    const Segment& s = a.segs[size_t(i)];
-    slots_[size_t(s.slot)].pos = pos_[size_t(s.slot)] = s.pos0 + s.n;
-  }
+  for (const Segment& s : plan_) slots_[size_t(s.slot)].pos = pos_[size_t(s.slot)] = s.pos0 + s.n;
 
   // Final hyper-head, norm and LM head over the rows whose logits are wanted.
-  int64_t R = 0;
-  for (int64_t t = 0; t < N; ++t)
-    if (b.logits[t]) std::memcpy(a.head_in.data() + (R++) * hc * D, X + t * hc * D, size_t(hc * D) * 4);
+  const int64_t R = plan_.n_logits;
+  for (int64_t i = 0; i < R; ++i)
+    std::memcpy(a.head_in.data() + i * hc * D, X + int64_t(plan_.logit_rows[size_t(i)]) * hc * D, size_t(hc * D) * 4);
   if (R > 0) {
     HcHeadParams hp{w.hc_head_fn.data(), w.hc_head_base.data(), w.hc_head_scale.data(), hc, D, c.hc_eps,
                     c.rms_norm_eps};

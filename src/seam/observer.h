@@ -15,7 +15,6 @@
 //    the GPU's bf16 activations.
 #pragma once
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -42,32 +41,6 @@ struct Observer {
   }
   // stats: one entry (WHOLE) or one per stream k (PER_STREAM).
   virtual void observe_stats(const std::string& name, const std::vector<TensorStats>& stats) {}
-};
-
-// Where the statistics of `scope` read a tensor of `shape`: `streams` results, result k over
-// `rows` segments of `len` values `stride` apart starting at element k·offset (ops/stats.h).
-struct StatsLayout {
-  int64_t streams = 1, rows = 0, len = 1, stride = 1, offset = 0;
-};
-StatsLayout stats_layout(const std::vector<int64_t>& shape, StatsScope scope);
-
-// The statistics `scope` asks of a host tensor, with the CPU stats op.
-std::vector<TensorStats> host_stats(const float* data, const std::vector<int64_t>& shape, StatsScope scope);
-
-// Hands one host tensor to an observer: whole to a tensor observer, as the statistics it asks
-// for to a stats observer (the CPU backend's path for both kinds).
-void observe_host(Observer& o, const std::string& name, const float* data, const std::vector<int64_t>& shape);
-
-// --layer-stats: prints, for every residual stream after each layer and for the attention and MoE
-// outputs and the logits: amax, mean, NaN and Inf counts (one line each) to a FILE*.
-struct LayerStatsObserver : Observer {
-  explicit LayerStatsObserver(std::FILE* out) : out_(out) {}
-  bool wants_tensors() const override { return false; }
-  StatsScope stats_scope(const std::string& name, const std::vector<int64_t>& shape) const override;
-  void observe_stats(const std::string& name, const std::vector<TensorStats>& stats) override;
-
- private:
-  std::FILE* out_;
 };
 
 }  // namespace cm

@@ -1,13 +1,13 @@
 // LeaderBackend and run_follower (rank_backend.h). A command is four int32
 // values [kind, a, b, c] from rank 0; a step's batch follows through
-// broadcast_plan. reserve's max_ctx travels as two int32 halves.
-#include "engine/rank_backend.h"
+// broadcast_batch. reserve's max_ctx travels as two int32 halves.
+#include "factory/leader_backend.h"
 
 #include <cstdio>
 #include <vector>
 
 #include "common/error.h"
-#include "engine/step_plan.h"
+#include "factory/batch_broadcast.h"
 
 namespace cm {
 
@@ -92,12 +92,12 @@ void LeaderBackend::step(const Batch& b, float* logits_out) {
   Command c;
   c.v[0] = kStep;
   exchange(comm_, c);
-  StepPlan p;
+  OwnedBatch p;
   p.token.assign(b.token, b.token + b.n);
   p.pos.assign(b.pos, b.pos + b.n);
   p.slot.assign(b.slot, b.slot + b.n);
   p.logits.assign(b.logits, b.logits + b.n);
-  broadcast_plan(comm_, p);
+  broadcast_batch(comm_, p);
   local_.step(b, logits_out);
 }
 
@@ -114,7 +114,7 @@ void run_follower(ModelBackend& local, Comm& comm, int64_t vocab) {
         case kReset: local.reset_slot(c.v[1]); break;
         case kCopy: local.copy_slot(c.v[1], c.v[2]); break;
         case kStep: {
-          const StepPlan p = broadcast_plan(comm, StepPlan{});
+          const OwnedBatch p = broadcast_batch(comm, OwnedBatch{});
           int64_t want = 0;
           for (uint8_t w : p.logits) want += w != 0;
           logits.resize(size_t(want * vocab));

@@ -1,7 +1,7 @@
-// broadcast_plan (step_plan.h): a header [rows, status] from rank 0, then the
+// broadcast_batch (batch_broadcast.h): a header [rows, status] from rank 0, then the
 // rows packed as int32 [token | pos | slot | logits] from rank 0, each through
 // all_gatherv with counts {k, 0, …, 0}, so every rank receives rank 0's block.
-#include "engine/step_plan.h"
+#include "factory/batch_broadcast.h"
 
 #include <string>
 
@@ -12,14 +12,14 @@ namespace cm {
 namespace {
 
 // Rank 0's check of its own plan: empty when it can be sent.
-std::string plan_error(const StepPlan& p) {
+std::string plan_error(const OwnedBatch& p) {
   const size_t n = p.token.size();
   if (p.pos.size() != n || p.slot.size() != n || p.logits.size() != n)
     return "the plan's token, pos, slot and logits lengths differ (" + std::to_string(n) + ", " +
            std::to_string(p.pos.size()) + ", " + std::to_string(p.slot.size()) + ", " +
            std::to_string(p.logits.size()) + ")";
-  if (n > size_t(kMaxPlanRows))
-    return "the plan has " + std::to_string(n) + " rows, more than " + std::to_string(kMaxPlanRows);
+  if (n > size_t(kMaxBroadcastRows))
+    return "the plan has " + std::to_string(n) + " rows, more than " + std::to_string(kMaxBroadcastRows);
   return {};
 }
 
@@ -31,20 +31,20 @@ void broadcast_from_rank0(Comm& comm, const int32_t* send, int64_t k, int32_t* r
   comm.all_gatherv(send, counts.data(), recv);
 }
 
-StepPlan broadcast_plan(Comm& comm, const StepPlan& plan) {
+OwnedBatch broadcast_batch(Comm& comm, const OwnedBatch& plan) {
   const bool root = comm.rank() == 0;
   const std::string err = root ? plan_error(plan) : std::string();
   int32_t head[2] = {root && err.empty() ? plan.rows() : 0, err.empty() ? 1 : 0};
   int32_t got[2] = {0, 0};
   broadcast_from_rank0(comm, head, 2, got);
   if (got[1] != 1) {
-    if (root) fail("broadcast_plan: {}", err);
-    fail("broadcast_plan: rank 0 could not send its step plan (it reports the cause)");
+    if (root) fail("broadcast_batch: {}", err);
+    fail("broadcast_batch: rank 0 could not send its step plan (it reports the cause)");
   }
-  if (got[0] < 0 || got[0] > kMaxPlanRows)
-    fail("broadcast_plan: rank 0 announced {} rows (0 to {} allowed)", got[0], kMaxPlanRows);
+  if (got[0] < 0 || got[0] > kMaxBroadcastRows)
+    fail("broadcast_batch: rank 0 announced {} rows (0 to {} allowed)", got[0], kMaxBroadcastRows);
   const int64_t n = got[0];
-  StepPlan out;
+  OwnedBatch out;
   if (n == 0) return out;  // every rank knows n: all skip the rows' collective together
   std::vector<int32_t> rows(size_t(4 * n));
   if (root) {

@@ -14,7 +14,7 @@
 #include <set>
 #include <type_traits>
 
-#include "backend/cuda/bench_kernels.h"
+#include "bench/bench_kernels.h"
 #include "backend/cuda/cuda_fp8_linear.h"
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_moe.h"

@@ -16,13 +16,13 @@
 // A call that fails does so on every rank alike (the backends check the same
 // arguments in the same way), so the leader throws it to its caller and the
 // followers drop it and wait for the next call. Commands travel as small int32
-// messages through all_gatherv from rank 0 (step plans through broadcast_plan).
+// messages through all_gatherv from rank 0 (step batches through broadcast_batch).
 #pragma once
 #include <cstdint>
 #include <memory>
 
-#include "engine/backend.h"
-#include "engine/comm.h"
+#include "seam/backend.h"
+#include "comm/comm.h"
 
 namespace cm {
 

@@ -19,7 +19,7 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "model/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
 #include "ops/norm.h"
@@ -113,8 +113,7 @@ void attention_block(CpuBackend& be, int64_t L, const float* x, float* out) {
       be.linear(lw.indexer->wq_b, qr, N, a.iq.data());
       be.linear(lw.indexer->weights_proj, x, N, a.iw.data());
     }
-    for (int64_t i = 0; i < a.n_segs; ++i) {
-      const Segment& s = a.segs[size_t(i)];
+    for (const Segment& s : be.plan()) {
       LayerSlot& ls = be.slot(s.slot).layers[size_t(L)];
       int64_t n_new = 0;
       const int64_t first = compressor_feed(*lw.compressor, ls.comp, m, cc, hd, eps, mdl.rope_compress, a.ckv.data(),
@@ -135,7 +134,7 @@ void attention_block(CpuBackend& be, int64_t L, const float* x, float* out) {
 #pragma omp parallel for schedule(dynamic) num_threads(be.threads()) if (N > 1)
   for (int64_t t = 0; t < N; ++t) {
     CpuActivations::Thread& th = a.threads[size_t(omp_get_thread_num())];
-    const Segment& s = a.segs[size_t(a.seg_of_row[size_t(t)])];
+    const Segment& s = be.plan().segs[size_t(be.plan().seg_of_row[size_t(t)])];
     const LayerSlot& ls = be.slot(s.slot).layers[size_t(L)];
     const int64_t p = b.pos[t];
     const float** ent = th.ent.data();
@@ -168,8 +167,7 @@ void attention_block(CpuBackend& be, int64_t L, const float* x, float* out) {
   be.note("attn_core", L, o, H * hd, {H, hd});
 
   // The window ring keeps each slot's last W rows for the next step.
-  for (int64_t i = 0; i < a.n_segs; ++i) {
-    const Segment& s = a.segs[size_t(i)];
+  for (const Segment& s : be.plan()) {
     LayerSlot& ls = be.slot(s.slot).layers[size_t(L)];
     for (int64_t j = std::max<int64_t>(0, s.n - W); j < s.n; ++j)
       std::memcpy(ls.window + ((s.pos0 + j) % W) * hd, kv + (s.row0 + j) * hd, size_t(hd) * 4);

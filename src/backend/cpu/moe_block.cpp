@@ -24,8 +24,8 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "engine/comm.h"
-#include "model/cpu_backend.h"
+#include "comm/comm.h"
+#include "backend/cpu/cpu_backend.h"
 #include "ops/router.h"
 #include "ops/swiglu.h"
 

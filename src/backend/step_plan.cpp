@@ -1,27 +1,39 @@
-// The parts of the seam every backend shares: batch validation and the factory.
-#include "engine/backend.h"
+// The step plan and the checks both backends share (step_plan.h).
+#include "backend/step_plan.h"
 
-#include <unistd.h>
+#include <algorithm>
 
 #include "common/error.h"
-#include "model/model.h"
-#if CLAWMINE_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
+#include "model/config.h"
 
 namespace cm {
 
-std::unique_ptr<ModelBackend> make_cpu_backend(const Model& m, const BackendOptions& opt);
-
-bool gpu_present() {
-#ifdef CLAWMINE_HAVE_CUDA
-  return ::access("/dev/nvidiactl", F_OK) == 0 || ::access("/dev/nvidia0", F_OK) == 0;
-#else
-  return false;
-#endif
+void StepPlan::reserve(const CacheShape& shape) {
+  segs.assign(size_t(std::max(shape.max_slots, 1)), Segment{});
+  seg_of_row.assign(size_t(std::max(shape.max_step_tokens, 1)), 0);
+  logit_rows.assign(size_t(std::max(shape.max_step_tokens, 1)), 0);
+  n = n_segs = n_logits = max_pos = 0;
 }
 
-const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+void StepPlan::build(const Batch& b) {
+  n = b.n;
+  n_segs = n_logits = max_pos = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    if (t == 0 || b.slot[t] != b.slot[t - 1]) segs[size_t(n_segs++)] = Segment{b.slot[t], int32_t(t), 0, b.pos[t]};
+    segs[size_t(n_segs - 1)].n++;
+    seg_of_row[size_t(t)] = int32_t(n_segs - 1);
+    if (b.logits[t]) logit_rows[size_t(n_logits++)] = int32_t(t);
+    max_pos = std::max<int64_t>(max_pos, b.pos[t]);
+  }
+}
+
+void check_reserve(const CacheShape& shape, const Config& c) {
+  if (shape.max_slots < 1) fail("reserve: max_slots must be >= 1 (got {})", shape.max_slots);
+  if (shape.max_step_tokens < 1) fail("reserve: max_step_tokens must be >= 1 (got {})", shape.max_step_tokens);
+  if (shape.max_ctx < 1 || shape.max_ctx > c.max_position_embeddings)
+    fail("reserve: context {} outside [1, {}] (the model's max_position_embeddings)", shape.max_ctx,
+         c.max_position_embeddings);
+}
 
 void check_batch(const Batch& b, const CacheShape& shape, int64_t vocab, const int64_t* slot_pos) {
   if (shape.max_slots < 1) fail("step: the backend has not been reserved (call reserve first)");
@@ -48,31 +60,6 @@ void check_batch(const Batch& b, const CacheShape& shape, int64_t vocab, const i
       fail("step: slot {}: position {} is past the reserved context of {} tokens", s, b.pos[i], shape.max_ctx);
     ++expect;
   }
-}
-
-bool device_available(Device d) {
-  if (d == Device::CPU) return true;
-#if CLAWMINE_HAVE_CUDA
-  return cuda_backend_available();
-#else
-  return false;
-#endif
-}
-
-void check_backend_options(const BackendOptions& opt) {
-  const double u = opt.gpu_memory_utilization;
-  if (!(u > 0 && u <= 1)) fail("gpu_memory_utilization must be in (0, 1] (got {})", u);
-}
-
-std::unique_ptr<ModelBackend> make_backend(const Model& m, Device d, const BackendOptions& opt) {
-  check_backend_options(opt);
-  if (d == Device::CPU) return make_cpu_backend(m, opt);
-#if CLAWMINE_HAVE_CUDA
-  if (!cuda_backend_available()) fail("--device cuda: no CUDA device is present (the CPU backend is --device cpu)");
-  return make_cuda_backend(m, opt);
-#else
-  fail("--device cuda: the CUDA model backend is not available in this build (configured without CUDA)");
-#endif
 }
 
 }  // namespace cm

@@ -1,4 +1,6 @@
-// The engine seam: one model step over many sequences, whatever the device.
+// The engine seam: one model step over many sequences, whatever the device. The interface only
+// (as ggml-backend.h is to ggml-cuda): the backends implement it (backend/cpu, backend/cuda), the
+// factory makes one (factory/factory.h), and callers above see nothing else.
 //
 // A step takes n tokens from any number of sequences ("slots"). A slot's tokens
 // are contiguous in the batch and in position order, and pos[i] continues that
@@ -15,12 +17,11 @@
 #include <memory>
 #include <string>
 
-#include "model/observer.h"
+#include "seam/observer.h"
 #include "ops/linear.h"
 
 namespace cm {
 
-struct Model;
 class Comm;
 
 // One engine step (llama.cpp's llama_batch shape: every token carries its
@@ -42,7 +43,7 @@ struct CacheShape {
 };
 
 enum class Device : uint8_t { CPU, CUDA };
-const char* device_name(Device d);
+inline const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
 
 // Sees the fp32 input x[m, K] (rows ldx apart) of every linear a step runs
 // (calibration records activation amax per linear). Called from the step's thread.
@@ -101,23 +102,5 @@ class ModelBackend {
   // intermediate that went non-finite.
   virtual void step(const Batch& batch, float* logits_out) = 0;
 };
-
-// True when make_backend can make a backend for d here (CUDA: a CUDA build and a device present;
-// initialises CUDA to ask).
-bool device_available(Device d);
-
-// True when this build has the CUDA backend and the machine shows an NVIDIA
-// device node. Cheap: it does not initialise CUDA (a CPU run never pays for it).
-bool gpu_present();
-
-// Throws naming the field when an option is out of range (gpu_memory_utilization outside (0, 1]).
-void check_backend_options(const BackendOptions& opt);
-
-// The backend for a device (its options checked first). CUDA throws when the build has no CUDA or no GPU is present.
-std::unique_ptr<ModelBackend> make_backend(const Model& m, Device d, const BackendOptions& opt = {});
-
-// Checks a batch against the reserved shape and the slots' positions (shared by every
-// backend, before any state changes). slot_pos(s) gives the tokens slot s holds.
-void check_batch(const Batch& b, const CacheShape& shape, int64_t vocab, const int64_t* slot_pos);
 
 }  // namespace cm

@@ -1,7 +1,7 @@
 // The synthetic-model benchmark (see bench_model.h): building the model on the
 // device, fitting the layer count, and timing prefill and decode steps through
 // the engine seam.
-#include "backend/cuda/bench_model.h"
+#include "bench/bench_model.h"
 
 #include <cuda_runtime.h>
 

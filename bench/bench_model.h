@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "seam/backend.h"
 #include "model/synthetic.h"
 
 namespace cm::cuda {
