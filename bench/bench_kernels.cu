@@ -15,10 +15,9 @@
 #include <type_traits>
 
 #include "bench/bench_kernels.h"
-#include "backend/cuda/cuda_fp8_linear.h"
-#include "backend/cuda/cuda_linear.h"
-#include "backend/cuda/cuda_moe.h"
-#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/linear/linear.h"
+#include "backend/cuda/moe/moe.h"
+#include "backend/cuda/core/cuda_util.h"
 
 namespace cm::cuda {
 

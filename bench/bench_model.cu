@@ -12,12 +12,13 @@
 #include <fstream>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_errors.h"
-#include "backend/cuda/cuda_moe.h"
-#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/core/cuda_errors.h"
+#include "backend/cuda/moe/moe.h"
+#include "backend/cuda/core/cuda_util.h"
 #include "backend/cuda/device_model.h"
-#include "backend/cuda/op_timer.h"
+#include "backend/cuda/core/op_timer.h"
 #include "common/error.h"
+#include "backend/step_plan.h"
 #include "ops/compressor.h"
 
 namespace cm::cuda {
@@ -68,14 +69,13 @@ double copy_bandwidth_gbs() {
   return 2.0 * double(bytes) / (median(ms) * 1e-3) / 1e9;
 }
 
-// The backend's per-slot state of layer L at max_ctx (cuda_backend.cu's layout), for the layer fit.
+// The backend's per-slot state of layer L at max_ctx (the layout both backends share, bf16 rows), for
+// the layer fit.
 size_t state_bytes_layer(const Config& c, int64_t L, int64_t max_ctx) {
-  size_t b = size_t(c.sliding_window * c.head_dim) * 2;
-  const AttnKind k = c.attn_kinds[size_t(L)];
-  if (k == AttnKind::SLIDING) return b;
-  const int64_t m = c.ratio(L), me = std::max<int64_t>(1, max_ctx / m);
-  b += compressor_state_bytes(m, k == AttnKind::CSA ? 2 : 1, c.head_dim, me);
-  if (k == AttnKind::CSA) b += compressor_state_bytes(m, 2, c.index_head_dim, me);
+  const StateLayout l = make_state_layout(c, 1, max_ctx, 2);
+  size_t b = 0;
+  for (const StateTensor& t : l.tensors)
+    if (t.layer == L) b += t.slot_bytes();
   return b;
 }
 

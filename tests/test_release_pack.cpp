@@ -11,8 +11,8 @@
 
 #include <cmath>
 
-#include "backend/cuda/fp8_pack.h"
-#include "backend/cuda/nvfp4_pack.h"
+#include "backend/cuda/linear/fp8_pack.h"
+#include "backend/cuda/linear/nvfp4_pack.h"
 #include "quant_test_util.h"
 #include "release_weights.h"
 

@@ -35,6 +35,40 @@ void check_reserve(const CacheShape& shape, const Config& c) {
          c.max_position_embeddings);
 }
 
+StateLayout make_state_layout(const Config& c, int64_t slots, int64_t max_ctx, size_t kv_elem_bytes) {
+  StateLayout l;
+  l.slots = slots;
+  l.layers.assign(size_t(c.num_layers), LayerStateLayout{});
+  auto add = [&](StateTensor::Kind kind, int64_t layer, bool indexer, int64_t rows, int64_t width, size_t elem) {
+    StateTensor t;
+    t.kind = kind, t.layer = layer, t.indexer = indexer, t.rows = rows, t.width = width, t.elem_bytes = elem;
+    t.offset = (l.bytes + 255) / 256 * 256;
+    l.bytes = t.offset + t.slot_bytes() * size_t(slots);
+    l.bytes_per_slot += t.slot_bytes();
+    l.tensors.push_back(t);
+    return int32_t(l.tensors.size() - 1);
+  };
+  auto compressor = [&](int64_t L, bool indexer, int64_t m, int64_t cc, int64_t dc) {
+    CompressorLayout cl;
+    cl.ratio = m, cl.c = cc, cl.dc = dc, cl.max_entries = std::max<int64_t>(1, max_ctx / m);
+    cl.pend_kv = add(StateTensor::PEND_KV, L, indexer, cc * m, cc * dc, 4);
+    cl.pend_gate = add(StateTensor::PEND_GATE, L, indexer, cc * m, cc * dc, 4);
+    cl.entries = add(StateTensor::ENTRIES, L, indexer, cl.max_entries, dc, kv_elem_bytes);
+    return cl;
+  };
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    LayerStateLayout& ll = l.layers[size_t(L)];
+    ll.window_rows = c.sliding_window;
+    ll.window = add(StateTensor::WINDOW, L, false, c.sliding_window, c.head_dim, kv_elem_bytes);
+    const AttnKind k = c.attn_kinds[size_t(L)];
+    if (k == AttnKind::SLIDING) continue;
+    ll.comp = compressor(L, false, c.ratio(L), k == AttnKind::CSA ? 2 : 1, c.head_dim);
+    if (k == AttnKind::CSA) ll.index = compressor(L, true, c.ratio(L), 2, c.index_head_dim);
+  }
+  l.bytes = std::max<size_t>(l.bytes, 4);
+  return l;
+}
+
 void check_batch(const Batch& b, const CacheShape& shape, int64_t vocab, const int64_t* slot_pos) {
   if (shape.max_slots < 1) fail("step: the backend has not been reserved (call reserve first)");
   if (b.n < 1) fail("step: empty batch");

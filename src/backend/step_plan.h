@@ -39,6 +39,62 @@ struct StepPlan {
 // context in [1, the model's max_position_embeddings]. Throws naming the field.
 void check_reserve(const CacheShape& shape, const Config& c);
 
+// Per-slot state, described once for both backends (the CPU keeps window rows and entries in f32,
+// the CUDA backend in bf16; everything else is the same). Per layer:
+//   window    [W, hd]                     the last W KV rows, row of position p at p mod W;
+//   CSA/HCA layers, the compressor (c = 2 for CSA's overlapping blocks, 1 for HCA; m = its ratio):
+//   pend_kv   [c·m, c·dc] f32             the projected rows of the last c·m positions, row of
+//   pend_gate [c·m, c·dc] f32             position p at p mod c·m (raw gates: ape is added when a
+//                                         block is pooled) — the open block and, for CSA, the
+//                                         previous block whose A halves the next entry pools;
+//   entries   [max(1, max_ctx/m), dc]     entry e (normed, RoPE'd at e·m) once position (e+1)·m − 1
+//                                         has been processed;
+//   CSA layers also the lightning indexer's own compressor (c = 2, dc = index_head_dim): its keys.
+// No counters: a slot's entry count is pos / m and its open block pos mod m. Each tensor holds all
+// slots' rows one after the other ([slots, rows, width]), so copy_slot copies one piece per tensor.
+struct StateTensor {
+  enum Kind : uint8_t { WINDOW, PEND_KV, PEND_GATE, ENTRIES };
+  Kind kind = WINDOW;
+  int64_t layer = 0;
+  bool indexer = false;       // the CSA indexer's compressor (else the attention's)
+  int64_t rows = 0, width = 0;
+  size_t elem_bytes = 4;
+  size_t offset = 0;          // bytes from the state buffer's start to slot 0's rows
+  size_t slot_bytes() const { return size_t(rows * width) * elem_bytes; }
+  size_t slot_offset(int64_t slot) const { return offset + size_t(slot) * slot_bytes(); }
+};
+
+// One compressor's shape and where its tensors are (indices into StateLayout::tensors).
+struct CompressorLayout {
+  int64_t ratio = 0, c = 0, dc = 0, max_entries = 0;  // m; 2 = CSA, 1 = HCA; entry width
+  int32_t pend_kv = -1, pend_gate = -1, entries = -1;
+  bool present() const { return ratio > 0; }
+};
+
+struct LayerStateLayout {
+  int32_t window = -1;
+  int64_t window_rows = 0;  // W
+  CompressorLayout comp;    // CSA/HCA layers
+  CompressorLayout index;   // CSA layers
+};
+
+struct StateLayout {
+  std::vector<StateTensor> tensors;  // in buffer order
+  std::vector<LayerStateLayout> layers;
+  int64_t slots = 0;
+  size_t bytes = 0;           // the whole buffer (every tensor's start aligned to 256 bytes)
+  size_t bytes_per_slot = 0;  // one slot's share (without the alignment)
+
+  template <typename T>
+  T* at(void* base, int32_t tensor, int64_t slot) const {
+    return reinterpret_cast<T*>(static_cast<char*>(base) + tensors[size_t(tensor)].slot_offset(slot));
+  }
+};
+
+// The layout for `slots` slots of max_ctx tokens; kv_elem_bytes: the size of a window row's and an
+// entry's elements (4: f32, 2: bf16).
+StateLayout make_state_layout(const Config& c, int64_t slots, int64_t max_ctx, size_t kv_elem_bytes);
+
 // Checks a batch against the reserved shape and the slots' positions before any state changes
 // (slot_pos[s]: the tokens slot s holds). Throws naming the row, the slot and the limit.
 void check_batch(const Batch& b, const CacheShape& shape, int64_t vocab, const int64_t* slot_pos);

@@ -39,7 +39,7 @@ class Context;
 struct RopeView;
 
 // One layer's compressor state for every slot, preallocated by the backend
-// (plain pointers into its buffers; bytes per slot: compressor_state_bytes).
+// (plain pointers into its state buffer, laid out by backend/step_plan.h).
 //   pend_kv, pend_gate: f32 [max_slots, c·m, c·dc]: the projected rows of the
 //     last c·m positions, row = pos mod (c·m) — the open block and, for CSA,
 //     the previous block whose A halves the next entry pools. Gates are raw
@@ -52,9 +52,8 @@ struct CompressorStateView {
   float* pend_gate = nullptr;
   uint16_t* entries = nullptr;
   int64_t max_slots = 0, max_entries = 0;
-  int64_t m = 0, c = 0, dc = 0;  // ratio; 2 = CSA (overlapping), 1 = HCA; entry width
+  int64_t ratio = 0, c = 0, dc = 0;  // m; 2 = CSA (overlapping), 1 = HCA; entry width
 };
-size_t compressor_state_bytes(int64_t m, int64_t c, int64_t dc, int64_t max_entries);
 
 // Feeds the batch's projected rows kv, gate (f32 [n, c·dc], without ape) into
 // the state: every block completed by a token is pooled (channel-wise softmax

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/core/cuda_util.h"
 #include "common/numeric.h"
 #include "ops/linear.h"
 

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/linear/linear.h"
 #include "gpu_test_util.h"
 
 namespace cm::gputest {

@@ -10,7 +10,7 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/moe/moe.h"
 #include "gpu_test_util.h"
 
 namespace cm::gputest {

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/core/cuda_util.h"
 #include "common/numeric.h"
 #include "gpu_test_util.h"
 #include "model/config.h"

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/linear/linear.h"
 #include "common/error.h"
 #include "gpu_test_util.h"
 

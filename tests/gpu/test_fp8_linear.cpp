@@ -14,7 +14,7 @@
 #include <cstring>
 
 #include "../release_weights.h"
-#include "backend/cuda/cuda_fp8_linear.h"
+#include "backend/cuda/linear/linear.h"
 #include "common/error.h"
 #include "gpu_test_util.h"
 #include "linear_check.h"

@@ -21,7 +21,7 @@
 #include <memory>
 
 #include "../release_weights.h"
-#include "backend/cuda/cuda_fp8_linear.h"
+#include "backend/cuda/linear/linear.h"
 #include "backend/cuda/device_model.h"
 #include "gpu_test_util.h"
 #include "linear_check.h"

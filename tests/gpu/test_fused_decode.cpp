@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/backend_kernels.h"
+#include "backend/cuda/step/step_kernels.h"
 #include "common/error.h"
 #include "op_check.h"
 #include "ops/hc.h"

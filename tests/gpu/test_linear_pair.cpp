@@ -15,9 +15,8 @@
 #include <cstring>
 
 #include "../release_weights.h"
-#include "backend/cuda/cuda_fp8_linear.h"
-#include "backend/cuda/cuda_linear.h"
-#include "backend/cuda/backend_kernels.h"
+#include "backend/cuda/linear/linear.h"
+#include "backend/cuda/step/step_kernels.h"
 #include "common/error.h"
 #include "gpu_test_util.h"
 #include "linear_check.h"

@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 
 #include "../release_weights.h"
-#include "backend/cuda/cuda_linear.h"
-#include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/linear/linear.h"
+#include "backend/cuda/moe/moe.h"
 #include "gpu_test_util.h"
 #include "linear_check.h"
 #include "moe_check.h"

@@ -6,8 +6,8 @@
 
 #include <cstring>
 
-#include "backend/cuda/cuda_linear.h"
-#include "backend/cuda/nvfp4_pack.h"
+#include "backend/cuda/linear/linear.h"
+#include "backend/cuda/linear/nvfp4_pack.h"
 #include "common/error.h"
 #include "gpu_test_util.h"
 #include "linear_check.h"

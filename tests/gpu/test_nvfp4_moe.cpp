@@ -13,7 +13,7 @@
 #include <cstring>
 #include <utility>
 
-#include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/moe/moe.h"
 #include "gpu_test_util.h"
 #include "moe_check.h"
 #include "op_check.h"

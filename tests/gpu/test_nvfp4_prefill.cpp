@@ -15,7 +15,7 @@
 #include <cstring>
 #include <limits>
 
-#include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/linear/linear.h"
 #include "gpu_test_util.h"
 #include "linear_check.h"
 

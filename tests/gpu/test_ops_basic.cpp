@@ -27,7 +27,8 @@
 #include "ops/router.h"
 #include "ops/stats.h"
 #include "ops/swiglu.h"
-#include "backend/cuda/backend_kernels.h"
+#include "backend/cuda/linear/linear.h"
+#include "backend/cuda/step/step_kernels.h"
 
 namespace cm {
 namespace {

@@ -31,39 +31,50 @@ namespace {
 // Feeds a segment's projected rows (kv, gate: batch arrays [n, c·dc]) into one
 // compressor and writes every block it completes as an entry (spec'd pooling:
 // CSA slots = previous block's A halves + this block's B halves, c = 2; HCA,
-// c = 1, the block itself). Entry i is normed and RoPE'd at position i·m.
-// Returns the index of the first entry written and sets *written.
+// c = 1, the block itself; a gate is its raw row + ape[position mod m]). The
+// pending rings keep the last c·m positions (row p mod c·m), so the previous
+// block is still there when the next one completes. Entry i is normed and
+// RoPE'd at position i·m. Returns the index of the first entry written and
+// sets *written.
 int64_t compressor_feed(const CompressorWeights& cw, CompressorSlot& cs, int64_t m, int64_t c, int64_t dc, float eps,
                         const RopeTable& rope, const float* kv, const float* gate, const Segment& s,
                         CpuActivations& a, int64_t* written) {
-  const int64_t width = c * dc;
+  const int64_t width = c * dc, cm = c * m;
   *written = 0;
   for (int64_t i = 0; i < s.n; ++i) {
-    const int64_t p = s.pos0 + i, r = s.row0 + i, row = p % m;
+    const int64_t p = s.pos0 + i, r = s.row0 + i, row = p % cm;
     std::memcpy(cs.pend_kv + row * width, kv + r * width, size_t(width) * 4);
-    const float* ape = &cw.ape[size_t(row * width)];
-    for (int64_t j = 0; j < width; ++j) cs.pend_gate[row * width + j] = gate[r * width + j] + ape[j];
+    std::memcpy(cs.pend_gate + row * width, gate + r * width, size_t(width) * 4);
     if ((p + 1) % m != 0) continue;
     const int64_t blk = (p + 1) / m - 1;
-    float* entry = cs.entries + blk * dc;
-    if (c == 1) {
-      compress_pool_cpu(cs.pend_kv, cs.pend_gate, m, dc, a.entry.data());
-    } else {
-      float *pk = a.pool_kv.data(), *pg = a.pool_gate.data();
+    // The pooled slots in order: CSA's previous block A halves (none for block 0), then this
+    // block's B halves (HCA: the whole block).
+    float *pk = a.pool_kv.data(), *pg = a.pool_gate.data();
+    int64_t slots = 0;
+    auto take = [&](int64_t q, int64_t col0) {
+      const float* kr = cs.pend_kv + (q % cm) * width + col0;
+      const float* gr = cs.pend_gate + (q % cm) * width + col0;
+      const float* ape = &cw.ape[size_t((q % m) * width + col0)];
+      for (int64_t d = 0; d < dc; ++d) {
+        pk[slots * dc + d] = kr[d];
+        pg[slots * dc + d] = gr[d] + ape[d];
+      }
+      ++slots;
+    };
+    if (c == 2) {
       for (int64_t j = 0; j < m; ++j) {
-        for (int64_t d = 0; d < dc; ++d) {
-          pk[j * dc + d] = blk > 0 ? cs.prev_kv[j * dc + d] : 0.0f;
-          pg[j * dc + d] = blk > 0 ? cs.prev_gate[j * dc + d] : -INFINITY;
-          pk[(m + j) * dc + d] = cs.pend_kv[j * width + dc + d];
-          pg[(m + j) * dc + d] = cs.pend_gate[j * width + dc + d];
+        if (blk > 0) {
+          take((blk - 1) * m + j, 0);
+        } else {  // no previous block: a −inf gate weighs nothing
+          std::fill(pk + slots * dc, pk + (slots + 1) * dc, 0.0f);
+          std::fill(pg + slots * dc, pg + (slots + 1) * dc, -INFINITY);
+          ++slots;
         }
       }
-      for (int64_t j = 0; j < m; ++j) {
-        std::memcpy(cs.prev_kv + j * dc, cs.pend_kv + j * width, size_t(dc) * 4);
-        std::memcpy(cs.prev_gate + j * dc, cs.pend_gate + j * width, size_t(dc) * 4);
-      }
-      compress_pool_cpu(pk, pg, 2 * m, dc, a.entry.data());
     }
+    for (int64_t j = 0; j < m; ++j) take(blk * m + j, c == 2 ? dc : 0);
+    float* entry = cs.entries + blk * dc;
+    compress_pool_cpu(pk, pg, slots, dc, a.entry.data());
     rms_norm_cpu(a.entry.data(), cw.norm.data(), 1, dc, eps, entry);
     rope_apply_cpu(entry, 1, dc, blk * m, rope, false);
     ++*written;
@@ -114,7 +125,7 @@ void attention_block(CpuBackend& be, int64_t L, const float* x, float* out) {
       be.linear(lw.indexer->weights_proj, x, N, a.iw.data());
     }
     for (const Segment& s : be.plan()) {
-      LayerSlot& ls = be.slot(s.slot).layers[size_t(L)];
+      LayerSlot ls = be.layer_slot(s.slot, L);
       int64_t n_new = 0;
       const int64_t first = compressor_feed(*lw.compressor, ls.comp, m, cc, hd, eps, mdl.rope_compress, a.ckv.data(),
                                             a.cgate.data(), s, a, &n_new);
@@ -135,7 +146,7 @@ void attention_block(CpuBackend& be, int64_t L, const float* x, float* out) {
   for (int64_t t = 0; t < N; ++t) {
     CpuActivations::Thread& th = a.threads[size_t(omp_get_thread_num())];
     const Segment& s = be.plan().segs[size_t(be.plan().seg_of_row[size_t(t)])];
-    const LayerSlot& ls = be.slot(s.slot).layers[size_t(L)];
+    const LayerSlot ls = be.layer_slot(s.slot, L);
     const int64_t p = b.pos[t];
     const float** ent = th.ent.data();
     int64_t n = 0;
@@ -168,7 +179,7 @@ void attention_block(CpuBackend& be, int64_t L, const float* x, float* out) {
 
   // The window ring keeps each slot's last W rows for the next step.
   for (const Segment& s : be.plan()) {
-    LayerSlot& ls = be.slot(s.slot).layers[size_t(L)];
+    const LayerSlot ls = be.layer_slot(s.slot, L);
     for (int64_t j = std::max<int64_t>(0, s.n - W); j < s.n; ++j)
       std::memcpy(ls.window + ((s.pos0 + j) % W) * hd, kv + (s.row0 + j) * hd, size_t(hd) * 4);
   }

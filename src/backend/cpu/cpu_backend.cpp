@@ -55,63 +55,36 @@ CpuBackend::CpuBackend(const Model& m, const BackendOptions& opt) : m_(m), opt_(
          r, R, e0, e1, m.weights.experts_first, m.weights.experts_end, e0, e1 - e0);
 }
 
-// Floats of one slot's arena (layout_slot hands them out in the same order).
-size_t CpuBackend::slot_floats(const CacheShape& shape) const {
-  const Config& c = m_.config;
-  size_t n = 0;
-  for (int64_t L = 0; L < c.num_layers; ++L) {
-    n += size_t(c.sliding_window * c.head_dim);
-    const AttnKind k = c.attn_kinds[size_t(L)];
-    if (k == AttnKind::SLIDING) continue;
-    const int64_t m = c.ratio(L), cc = k == AttnKind::CSA ? 2 : 1, dc = c.head_dim;
-    n += size_t(2 * m * cc * dc + (cc == 2 ? 2 * m * dc : 0) + (shape.max_ctx / m) * dc);
-    if (k == AttnKind::CSA) {
-      const int64_t ih = c.index_head_dim;
-      n += size_t(2 * m * 2 * ih + 2 * m * ih + (shape.max_ctx / m) * ih);
-    }
-  }
-  return n;
+size_t CpuBackend::bytes_per_slot(const CacheShape& shape) const {
+  return make_state_layout(m_.config, 1, shape.max_ctx, sizeof(float)).bytes_per_slot;
 }
 
-size_t CpuBackend::bytes_per_slot(const CacheShape& shape) const { return slot_floats(shape) * sizeof(float); }
-
-void CpuBackend::layout_slot(SlotState& s) {
-  const Config& c = m_.config;
-  sized(s.arena, int64_t(slot_floats(shape_)));
-  s.layers.assign(size_t(c.num_layers), LayerSlot{});
-  float* p = s.arena.data();
-  auto take = [&](int64_t n) {
-    float* r = p;
-    p += n;
-    return r;
+LayerSlot CpuBackend::layer_slot(int32_t s, int64_t L) {
+  const LayerStateLayout& ll = layout_.layers[size_t(L)];
+  LayerSlot v;
+  void* base = state_.data();
+  v.window = layout_.at<float>(base, ll.window, s);
+  auto comp = [&](const CompressorLayout& cl, CompressorSlot& cs) {
+    if (!cl.present()) return;
+    cs.pend_kv = layout_.at<float>(base, cl.pend_kv, s);
+    cs.pend_gate = layout_.at<float>(base, cl.pend_gate, s);
+    cs.entries = layout_.at<float>(base, cl.entries, s);
   };
-  auto comp = [&](CompressorSlot& cs, int64_t m, int64_t cc, int64_t dc) {
-    cs.pend_kv = take(m * cc * dc);
-    cs.pend_gate = take(m * cc * dc);
-    if (cc == 2) {
-      cs.prev_kv = take(m * dc);
-      cs.prev_gate = take(m * dc);
-    }
-    cs.entries = take((shape_.max_ctx / m) * dc);
-  };
-  for (int64_t L = 0; L < c.num_layers; ++L) {
-    LayerSlot& ls = s.layers[size_t(L)];
-    ls.window = take(c.sliding_window * c.head_dim);
-    const AttnKind k = c.attn_kinds[size_t(L)];
-    if (k == AttnKind::SLIDING) continue;
-    comp(ls.comp, c.ratio(L), k == AttnKind::CSA ? 2 : 1, c.head_dim);
-    if (k == AttnKind::CSA) comp(ls.index, c.ratio(L), 2, c.index_head_dim);
-  }
-  s.pos = 0;
+  comp(ll.comp, v.comp);
+  comp(ll.index, v.index);
+  return v;
 }
 
 void CpuBackend::reserve(const CacheShape& shape) {
   const Config& c = m_.config;
   check_reserve(shape, c);
+  // Drop the old reservation first, so resizing does not hold both.
+  state_ = {};
+  act_ = CpuActivations{};
   shape_ = shape;
   threads_ = omp_get_max_threads();
-  slots_.assign(size_t(shape.max_slots), SlotState{});
-  for (SlotState& s : slots_) layout_slot(s);
+  layout_ = make_state_layout(c, shape.max_slots, shape.max_ctx, sizeof(float));
+  state_.assign((layout_.bytes + sizeof(float) - 1) / sizeof(float), 0.0f);
   pos_.assign(size_t(shape.max_slots), 0);
 
   const int64_t N = shape.max_step_tokens, D = c.hidden_size, hc = c.hc_mult, H = c.num_heads, hd = c.head_dim;
@@ -168,18 +141,17 @@ void CpuBackend::reserve(const CacheShape& shape) {
 }
 
 void CpuBackend::check_slot(int32_t slot, const char* what) const {
-  if (slots_.empty()) fail("{}: the backend has no reserved slots (call reserve first)", what);
+  if (pos_.empty()) fail("{}: the backend has no reserved slots (call reserve first)", what);
   if (slot < 0 || slot >= shape_.max_slots) fail("{}: slot {} outside [0, {})", what, slot, shape_.max_slots);
 }
 
 int64_t CpuBackend::slot_pos(int32_t slot) const {
   check_slot(slot, "slot_pos");
-  return slots_[size_t(slot)].pos;
+  return pos_[size_t(slot)];
 }
 
 void CpuBackend::reset_slot(int32_t slot) {
   check_slot(slot, "reset_slot");
-  slots_[size_t(slot)].pos = 0;
   pos_[size_t(slot)] = 0;
 }
 
@@ -187,10 +159,10 @@ void CpuBackend::copy_slot(int32_t from, int32_t to) {
   check_slot(from, "copy_slot");
   check_slot(to, "copy_slot");
   if (from == to) return;
-  SlotState &src = slots_[size_t(from)], &dst = slots_[size_t(to)];
-  std::memcpy(dst.arena.data(), src.arena.data(), src.arena.size() * sizeof(float));
-  dst.pos = src.pos;
-  pos_[size_t(to)] = src.pos;
+  char* base = reinterpret_cast<char*>(state_.data());
+  for (const StateTensor& t : layout_.tensors)
+    std::memcpy(base + t.slot_offset(to), base + t.slot_offset(from), t.slot_bytes());
+  pos_[size_t(to)] = pos_[size_t(from)];
 }
 
 void CpuBackend::linear(const LinearWeight& w, const float* x, int64_t m, float* y, int64_t ldx, int64_t ldy,
@@ -259,7 +231,7 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
     hc_post_cpu(hc, D, out, a.post.data(), a.comb.data(), N, X);
     note("resid", L, X, hc * D, {hc, D});
   }
-  for (const Segment& s : plan_) slots_[size_t(s.slot)].pos = pos_[size_t(s.slot)] = s.pos0 + s.n;
+  for (const Segment& s : plan_) pos_[size_t(s.slot)] = s.pos0 + s.n;
 
   // Final hyper-head, norm and LM head over the rows whose logits are wanted.
   const int64_t R = plan_.n_logits;

@@ -1,14 +1,9 @@
 // The CPU backend: DeepSeek-V4 in fp32 behind the engine seam (seam/backend.h),
 // the reference every other backend is tested against.
 //
-// Per-slot state lives in one arena per slot, laid out identically for every
-// slot (so copy_slot is a copy of the used rows), sized by reserve():
-//   window ring   [W, hd]            row of position p at p mod W
-//   compressor    pending [m, c·dc] kv and gate rows of the open block (row p mod m,
-//                 gates with `ape` added), CSA overlap halves [m, dc] × 2,
-//                 entries [max_ctx/m, dc] (normed, RoPE'd; entry i covers block i)
-//   indexer keys  the same for the CSA indexer's own compressor (dc = index_head_dim)
-// The only counter is the slot's position: pending rows = pos mod m, entries =
+// Per-slot state is the layout both backends share (backend/step_plan.h: window ring, the
+// compressors' pending rings and entries, the indexer keys), in f32, in one buffer sized by
+// reserve(). The only counter is the slot's position: pending rows = pos mod m, entries =
 // pos / m, so nothing else needs to be kept in step with the schedule.
 //
 // Activations and scratch for max_step_tokens rows are preallocated too; a
@@ -26,25 +21,18 @@
 
 namespace cm {
 
-// One compressor of one slot: views into the slot's arena.
+// One compressor of one slot: views into the state buffer (backend/step_plan.h's layout).
 struct CompressorSlot {
-  float* pend_kv = nullptr;    // [m, width]   width = c·dc (c = 2 CSA, 1 HCA)
-  float* pend_gate = nullptr;  // [m, width]
-  float* prev_kv = nullptr;    // [m, dc]      CSA: A halves of the last complete block
-  float* prev_gate = nullptr;  // [m, dc]
-  float* entries = nullptr;    // [max_ctx/m, dc]
+  float* pend_kv = nullptr;    // [c·m, c·dc]   row of position p at p mod c·m (c = 2 CSA, 1 HCA)
+  float* pend_gate = nullptr;  // [c·m, c·dc]   raw gates (ape is added when a block is pooled)
+  float* entries = nullptr;    // [max(1, max_ctx/m), dc]
 };
 
+// One layer of one slot.
 struct LayerSlot {
   float* window = nullptr;  // [W, hd]
   CompressorSlot comp;      // CSA/HCA layers
   CompressorSlot index;     // CSA layers: indexer keys
-};
-
-struct SlotState {
-  std::vector<float> arena;
-  std::vector<LayerSlot> layers;
-  int64_t pos = 0;  // tokens held
 };
 
 // Everything a step computes, [max_step_tokens, ...] unless noted (fp32).
@@ -133,19 +121,19 @@ class CpuBackend final : public ModelBackend {
   const Batch& batch() const { return *batch_; }
   const StepPlan& plan() const { return plan_; }
   CpuActivations& act() { return act_; }
-  SlotState& slot(int32_t s) { return slots_[size_t(s)]; }
+  // Slot s's state of layer L (views into the state buffer).
+  LayerSlot layer_slot(int32_t s, int64_t L);
   int threads() const { return threads_; }
 
  private:
   void check_slot(int32_t slot, const char* what) const;
-  void layout_slot(SlotState& s);
-  size_t slot_floats(const CacheShape& shape) const;
 
   const Model& m_;
   BackendOptions opt_;
   CacheShape shape_{0, 0, 0};
-  std::vector<SlotState> slots_;
-  std::vector<int64_t> pos_;  // slot positions, for check_batch
+  StateLayout layout_;
+  std::vector<float> state_;  // layout_.bytes
+  std::vector<int64_t> pos_;  // slot positions (tokens held)
   CpuActivations act_;
   StepPlan plan_;
   const Batch* batch_ = nullptr;

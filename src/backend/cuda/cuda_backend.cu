@@ -22,12 +22,12 @@
 #include <cstdio>
 #include <map>
 
-#include "backend/cuda/backend_kernels.h"
-#include "backend/cuda/cuda_errors.h"
-#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/step/step_kernels.h"
+#include "backend/cuda/core/cuda_errors.h"
+#include "backend/cuda/core/cuda_util.h"
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/device_observer.h"
-#include "backend/cuda/op_timer.h"
+#include "backend/cuda/core/op_timer.h"
 #include "common/numeric.h"
 #include "comm/comm.h"
 #include "ops/attention.h"
@@ -47,16 +47,10 @@ using cuda::Context;
 
 namespace {
 
-// Per layer, all slots: views into the state buffer, slot-major.
+// Per layer, all slots: views into the state buffer (backend/step_plan.h's layout, bf16 rows).
 struct LayerState {
   uint16_t* window = nullptr;  // bf16 [S, W, hd]
   CompressorStateView comp, index;
-};
-
-// One contiguous per-slot piece of the state (copy_slot copies each).
-struct StateRegion {
-  char* base = nullptr;
-  size_t bytes_per_slot = 0;
 };
 
 // A named intermediate of this step: the count buffer row it was counted into.
@@ -81,10 +75,6 @@ class CudaBackend final : public ModelBackend {
   size_t host_copies() const { return obs_.host_copies(); }
 
  private:
-  struct Segment {
-    int32_t slot = 0, row0 = 0, n = 0;
-    int64_t pos0 = 0;
-  };
   // Activations for max_step_tokens rows (N), all device buffers.
   struct Act {
     DeviceBuffer plan;  // int32 [4N]: token, pos, slot, logit rows
@@ -104,8 +94,6 @@ class CudaBackend final : public ModelBackend {
   };
 
   void check_slot(int32_t slot, const char* what) const;
-  size_t state_bytes_per_slot(const CacheShape& shape) const;
-  int64_t max_entries(int64_t L, int64_t max_ctx) const;
   void attention(int64_t L, int64_t n, int64_t max_pos);
   void moe(int64_t L, int64_t n);
   void expert(const cuda::DevExpert& e, const float* x, const uint16_t* x_bf, int64_t n, float* y);
@@ -143,13 +131,13 @@ class CudaBackend final : public ModelBackend {
   std::unique_ptr<cuda::DevModel> dm_;
   std::unique_ptr<cuda::MoeScratch> moe_scratch_;
   CacheShape shape_{0, 0, 0};
+  StateLayout layout_;
   DeviceBuffer state_;
   std::vector<LayerState> layers_;
-  std::vector<StateRegion> regions_;
   std::vector<int64_t> pos_;
   Act act_;
   int32_t* plan_host_ = nullptr;  // pinned [4N]
-  std::vector<Segment> segs_;
+  StepPlan plan_;
   std::vector<NoteTag> notes_;
   size_t max_notes_ = 0;
   cuda::NonFiniteBatch pending_counts_;  // noted, not yet counted (flush_counts)
@@ -233,33 +221,13 @@ CudaBackend::~CudaBackend() {
   if (plan_host_) cudaFreeHost(plan_host_);
 }
 
-int64_t CudaBackend::max_entries(int64_t L, int64_t max_ctx) const {
-  return std::max<int64_t>(1, max_ctx / m_.config.ratio(L));
+size_t CudaBackend::bytes_per_slot(const CacheShape& shape) const {
+  return make_state_layout(m_.config, 1, shape.max_ctx, 2).bytes_per_slot;
 }
-
-size_t CudaBackend::state_bytes_per_slot(const CacheShape& shape) const {
-  const Config& c = m_.config;
-  size_t b = 0;
-  for (int64_t L = 0; L < c.num_layers; ++L) {
-    b += size_t(c.sliding_window * c.head_dim) * 2;
-    const AttnKind k = c.attn_kinds[size_t(L)];
-    if (k == AttnKind::SLIDING) continue;
-    const int64_t m = c.ratio(L), me = max_entries(L, shape.max_ctx);
-    b += compressor_state_bytes(m, k == AttnKind::CSA ? 2 : 1, c.head_dim, me);
-    if (k == AttnKind::CSA) b += compressor_state_bytes(m, 2, c.index_head_dim, me);
-  }
-  return b;
-}
-
-size_t CudaBackend::bytes_per_slot(const CacheShape& shape) const { return state_bytes_per_slot(shape); }
 
 void CudaBackend::reserve(const CacheShape& shape) {
   const Config& c = m_.config;
-  CM_CU_CHECK(shape.max_slots >= 1, "reserve: max_slots must be >= 1 (got %d)", shape.max_slots);
-  CM_CU_CHECK(shape.max_step_tokens >= 1, "reserve: max_step_tokens must be >= 1 (got %d)", shape.max_step_tokens);
-  CM_CU_CHECK(shape.max_ctx >= 1 && shape.max_ctx <= c.max_position_embeddings,
-              "reserve: context %lld outside [1, %lld] (the model's max_position_embeddings)",
-              (long long)shape.max_ctx, (long long)c.max_position_embeddings);
+  check_reserve(shape, c);
   CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
   clear_graphs();  // they point into the buffers this reservation replaces
   // Drop the old buffers first so their memory counts as free.
@@ -273,9 +241,10 @@ void CudaBackend::reserve(const CacheShape& shape) {
   const int64_t N = shape.max_step_tokens, S = shape.max_slots, D = c.hidden_size, hc = c.hc_mult;
   const int64_t H = c.num_heads, hd = c.head_dim, E = c.n_routed_experts, K = c.n_experts_per_tok;
   const int64_t I = c.moe_inter, ih = c.index_head_dim, inh = c.index_n_heads, G = c.o_groups, ol = c.o_lora_rank;
+  const StateLayout layout = make_state_layout(c, S, shape.max_ctx, 2);
   int64_t max_ie = 1;
-  for (int64_t L = 0; L < c.num_layers; ++L)
-    if (c.attn_kinds[size_t(L)] == AttnKind::CSA) max_ie = std::max(max_ie, max_entries(L, shape.max_ctx));
+  for (const LayerStateLayout& ll : layout.layers)
+    if (ll.index.present()) max_ie = std::max(max_ie, ll.index.max_entries);
   const bool dense_moe = std::any_of(dm_->layers.begin(), dm_->layers.end(),
                                      [](const cuda::DevLayer& l) { return !l.experts; });
   // Split attention partials for up to 64 tokens of the longest layer's candidates (window + top-k, or
@@ -283,7 +252,9 @@ void CudaBackend::reserve(const CacheShape& shape) {
   int64_t max_cand = 0;
   for (int64_t L = 0; L < c.num_layers; ++L) {
     const AttnKind k = c.attn_kinds[size_t(L)];
-    const int64_t comp = k == AttnKind::CSA ? c.index_topk : k == AttnKind::HCA ? max_entries(L, shape.max_ctx) : 0;
+    const int64_t comp = k == AttnKind::CSA   ? c.index_topk
+                         : k == AttnKind::HCA ? layout.layers[size_t(L)].comp.max_entries
+                                              : 0;
     max_cand = std::max(max_cand, c.sliding_window + comp);
   }
   const int64_t attn_ws_floats =
@@ -318,7 +289,7 @@ void CudaBackend::reserve(const CacheShape& shape) {
   };
   size_t act_bytes = 0;
   for (const Want& w : wants) act_bytes += size_t(w.bytes);
-  const size_t state_bytes = state_bytes_per_slot(shape) * size_t(S);
+  const size_t state_bytes = layout.bytes;
   const cuda::DevLayer* packed = nullptr;
   for (const cuda::DevLayer& l : dm_->layers)
     if (l.experts) packed = &l;
@@ -341,33 +312,25 @@ void CudaBackend::reserve(const CacheShape& shape) {
   obs_.reserve();
   CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&plan_host_), size_t(4 * N) * 4));
 
-  // Per-layer state views, slot-major; regions_ lists them for copy_slot.
+  // Per-layer state views into the shared layout (slot-major tensors).
+  layout_ = layout;
   layers_.assign(size_t(c.num_layers), LayerState{});
-  regions_.clear();
-  char* p = static_cast<char*>(state_.get());
-  auto take = [&](size_t per_slot) {
-    char* r = p;
-    p += per_slot * size_t(S);
-    regions_.push_back(StateRegion{r, per_slot});
-    return r;
-  };
-  auto comp = [&](CompressorStateView& v, int64_t m, int64_t cc, int64_t dc, int64_t me) {
-    v.m = m, v.c = cc, v.dc = dc, v.max_slots = S, v.max_entries = me;
-    v.pend_kv = reinterpret_cast<float*>(take(size_t(cc * m * cc * dc) * 4));
-    v.pend_gate = reinterpret_cast<float*>(take(size_t(cc * m * cc * dc) * 4));
-    v.entries = reinterpret_cast<uint16_t*>(take(size_t(me * dc) * 2));
+  void* base = state_.get();
+  auto comp = [&](CompressorStateView& v, const CompressorLayout& cl) {
+    v.ratio = cl.ratio, v.c = cl.c, v.dc = cl.dc, v.max_slots = S, v.max_entries = cl.max_entries;
+    v.pend_kv = layout_.at<float>(base, cl.pend_kv, 0);
+    v.pend_gate = layout_.at<float>(base, cl.pend_gate, 0);
+    v.entries = layout_.at<uint16_t>(base, cl.entries, 0);
   };
   for (int64_t L = 0; L < c.num_layers; ++L) {
+    const LayerStateLayout& ll = layout_.layers[size_t(L)];
     LayerState& ls = layers_[size_t(L)];
-    ls.window = reinterpret_cast<uint16_t*>(take(size_t(c.sliding_window * hd) * 2));
-    const AttnKind k = c.attn_kinds[size_t(L)];
-    if (k == AttnKind::SLIDING) continue;
-    const int64_t me = max_entries(L, shape.max_ctx);
-    comp(ls.comp, c.ratio(L), k == AttnKind::CSA ? 2 : 1, hd, me);
-    if (k == AttnKind::CSA) comp(ls.index, c.ratio(L), 2, ih, me);
+    ls.window = layout_.at<uint16_t>(base, ll.window, 0);
+    if (ll.comp.present()) comp(ls.comp, ll.comp);
+    if (ll.index.present()) comp(ls.index, ll.index);
   }
   pos_.assign(size_t(S), 0);
-  segs_.assign(size_t(S), Segment{});
+  plan_.reserve(shape);
   notes_.clear();
   notes_.reserve(max_notes_);
   d_token_ = P<int32_t>(a.plan);
@@ -396,9 +359,10 @@ void CudaBackend::copy_slot(int32_t from, int32_t to) {
   check_slot(from, "copy_slot");
   check_slot(to, "copy_slot");
   if (from == to) return;
-  for (const StateRegion& r : regions_)
-    CM_CUDA(cudaMemcpyAsync(r.base + size_t(to) * r.bytes_per_slot, r.base + size_t(from) * r.bytes_per_slot,
-                            r.bytes_per_slot, cudaMemcpyDeviceToDevice, ctx_->stream()));
+  char* base = static_cast<char*>(state_.get());
+  for (const StateTensor& t : layout_.tensors)
+    CM_CUDA(cudaMemcpyAsync(base + t.slot_offset(to), base + t.slot_offset(from), t.slot_bytes(),
+                            cudaMemcpyDeviceToDevice, ctx_->stream()));
   CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
   pos_[size_t(to)] = pos_[size_t(from)];
 }
@@ -429,7 +393,7 @@ void CudaBackend::note(const char* what, int64_t layer, const void* data, bool b
   std::vector<int64_t> shape{0};
   shape.insert(shape.end(), inner.begin(), inner.end());
   const size_t esize = bf16 ? 2 : 4;
-  for (const Segment& s : segs_) {
+  for (const Segment& s : plan_) {
     shape[0] = s.n;
     obs_.observe(*ctx_, note_name(what, layer, s.slot),
                  static_cast<const char*>(data) + size_t(s.row0 * width) * esize, bf16, shape);
@@ -449,10 +413,10 @@ void CudaBackend::flush_counts() {
 // Observer only: per segment, the entries (and CSA index keys) this step completed, as the CPU names them.
 void CudaBackend::observe_entries(int64_t L, const CompressorStateView& comp, const CompressorStateView* index) {
   if (!obs_.active()) return;
-  for (const Segment& s : segs_) {
+  for (const Segment& s : plan_) {
     for (const CompressorStateView* st : {&comp, index}) {
       if (!st) continue;
-      const int64_t first = s.pos0 / st->m, n_new = (s.pos0 + s.n) / st->m - first;
+      const int64_t first = s.pos0 / st->ratio, n_new = (s.pos0 + s.n) / st->ratio - first;
       if (n_new <= 0) continue;
       obs_.observe(*ctx_, note_name(st == index ? "index_keys" : "entries", L, s.slot),
                    st->entries + (int64_t(s.slot) * st->max_entries + first) * st->dc, true, {n_new, st->dc});
@@ -467,17 +431,12 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   check_batch(b, shape_, V, pos_.data());
 
   // The plan: the batch's rows and the rows whose logits are wanted, one transfer.
-  segs_.clear();
-  int64_t R = 0, max_pos = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    if (t == 0 || b.slot[t] != b.slot[t - 1]) segs_.push_back(Segment{b.slot[t], int32_t(t), 0, b.pos[t]});
-    segs_.back().n++;
-    plan_host_[t] = b.token[t];
-    plan_host_[N + t] = b.pos[t];
-    plan_host_[2 * N + t] = b.slot[t];
-    if (b.logits[t]) plan_host_[3 * N + R++] = int32_t(t);
-    max_pos = std::max<int64_t>(max_pos, b.pos[t]);
-  }
+  plan_.build(b);
+  const int64_t R = plan_.n_logits, max_pos = plan_.max_pos;
+  std::copy(b.token, b.token + n, plan_host_);
+  std::copy(b.pos, b.pos + n, plan_host_ + N);
+  std::copy(b.slot, b.slot + n, plan_host_ + 2 * N);
+  std::copy(plan_.logit_rows.begin(), plan_.logit_rows.begin() + R, plan_host_ + 3 * N);
   n_ = n;
   if (timer_) timer_->begin(ctx.stream());
   CM_CUDA(cudaMemcpyAsync(act_.plan.get(), plan_host_, size_t(4 * N) * 4, cudaMemcpyHostToDevice, ctx.stream()));
@@ -491,7 +450,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   const bool per_op = timer_ && timer_->mode() == cuda::OpTimer::Mode::OPS;
   const bool graph = opt_.cuda_graphs && !obs_.active() && !per_op && n <= kGraphMaxRows;
   if (!graph || !run_graph(n, R)) forward(n, R, max_pos);
-  for (const Segment& s : segs_) pos_[size_t(s.slot)] = s.pos0 + s.n;
+  for (const Segment& s : plan_) pos_[size_t(s.slot)] = s.pos0 + s.n;
 
   // The logits rows to the host (the step's only synchronisation), then the non-finite check.
   if (timer_) timer_->end(ctx.stream());
@@ -618,7 +577,7 @@ std::string CudaBackend::first_non_finite() {
   std::vector<int32_t> counts(notes_.size() * size_t(N));
   obs_.to_host(*ctx_, counts.data(), act_.counts.get(), counts.size() * 4);
   for (size_t i = 0; i < notes_.size(); ++i)
-    for (const Segment& s : segs_)
+    for (const Segment& s : plan_)
       for (int64_t r = s.row0; r < s.row0 + s.n; ++r)
         if (counts[i * size_t(N) + size_t(r)] > 0)
           return note_name(notes_[i].what, notes_[i].layer, s.slot);

@@ -1,7 +1,7 @@
 // The model's weights on the GPU, in their stored format (see cuda_backend.h):
-// NVFP4 and MXFP4 linears repacked for the FP4 kernels (cuda_linear.h), FP8
-// blocks for the FP8 kernels (cuda_fp8_linear.h), BF16/F32 linears copied as
-// they are (the batch-invariant dense kernel, backend_kernels.h), routed
+// NVFP4 and MXFP4 linears repacked for the FP4 kernels, FP8 blocks for the FP8
+// kernels, BF16/F32 linears copied as they are (the batch-invariant dense
+// kernel; every linear is a DevLinear of linear/linear.h), routed
 // experts as one packed NVFP4/MXFP4 block for the MoE kernels when their shape
 // allows it, and every small parameter (norms, mHC, sinks, biases, tid2eid,
 // ape, RoPE frequencies) in fp32 / int32.
@@ -11,49 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_fp8_linear.h"
-#include "backend/cuda/cuda_linear.h"
-#include "backend/cuda/cuda_moe.h"
-#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/core/cuda_util.h"
+#include "backend/cuda/linear/linear.h"
+#include "backend/cuda/moe/moe.h"
 #include "model/model.h"
 #include "ops/linear.h"
 #include "ops/rope.h"
 
 namespace cm::cuda {
-
-// One linear on the device. Exactly one of the three storages is used.
-struct DevLinear {
-  std::string name;
-  WeightFormat format = WeightFormat::F32;
-  int64_t N = 0, K = 0;  // K per group
-  int groups = 1;
-  DeviceBuffer dense;                  // F32 / BF16 [N, K] as stored
-  std::unique_ptr<DeviceLinear> fp4;   // NVFP4 / MXFP4
-  std::unique_ptr<DeviceFp8Linear> fp8;
-  bool empty() const { return N == 0; }
-  bool wants_bf16_input() const { return fp4 || fp8; }
-  size_t bytes() const;
-};
-
-// y[M, N] = x · Wᵀ. x is f32 or bf16 (x_bf16) with rows ldx apart; the FP4/FP8
-// kernels take bf16, so f32 x is cast into cast_scratch (>= M·groups·K bf16) first.
-// Every path computes a row independently of the other rows, with one kernel
-// whatever M (the decode kernels; FP8 from kFp8PrefillMinM rows the prefill
-// kernel, which gives the same bits; see cuda_backend.cu on batch invariance).
-// batch_invariant false (BackendOptions): FP8/NVFP4 weights at more than kGraphMaxRows rows run as
-// BF16 panels through cuBLAS (Context panel scratch of fast_prefill_panel_bytes), not batch-invariant.
-void run_linear(Context& ctx, const DevLinear& w, const void* x, bool x_bf16, int64_t M, int64_t ldx, void* y,
-                bool y_bf16, int64_t ldy, uint16_t* cast_scratch, bool batch_invariant = true);
-
-// Steps of up to this many rows run as CUDA graphs (cuda_backend.cu) and always through the
-// batch-invariant kernels.
-inline constexpr int64_t kGraphMaxRows = 256;
-
-// Two linears of the same bf16 rows x [M, K] (ldx = K) into f32 y_a, y_b (rows N apart), in one launch
-// when both are FP8 or both NVFP4/MXFP4 decode linears that pair (linear_fp8_pair, linear_nvfp4_pair),
-// with the bits run_linear gives each. False, having launched nothing, otherwise.
-bool run_linear_pair(Context& ctx, const DevLinear& a, const DevLinear& b, const uint16_t* x, int64_t M, float* y_a,
-                     float* y_b);
 
 struct DevF32 {
   DeviceBuffer buf;

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backend/cuda/cuda_errors.h"
+#include "backend/cuda/core/cuda_errors.h"
 #include "backend/observe.h"
 
 namespace cm::cuda {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/core/cuda_util.h"
 #include "seam/observer.h"
 #include "ops/stats.h"
 

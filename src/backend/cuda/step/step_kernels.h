@@ -1,0 +1,46 @@
+// Small kernels of the CUDA model backend's step (cuda_backend.cu) that no op
+// family owns: casts, sums, row gathers and the non-finite counts behind the
+// step's error message. Plain C++ declarations
+// (device pointers), launched on the context's stream.
+#pragma once
+#include <cstdint>
+
+namespace cm::cuda {
+
+class Context;
+
+// y[r, c] = bf16(x[r, c]) for r < rows, c < cols (rows ldx / ldy apart).
+void cast_f32_bf16(Context& ctx, const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* y, int64_t ldy);
+
+// y[i] = a[i] + b[i], f32.
+void add_f32(Context& ctx, const float* a, const float* b, int64_t n, float* y);
+// x[i] *= s, f32.
+void scale_f32(Context& ctx, float* x, int64_t n, float s);
+
+// y[t, :] += a[t] · x[t, :] for t < T (the dense-expert MoE adds expert e's rows, weight 0 for rows that
+// did not pick e, in ascending expert order as the CPU does).
+void axpy_rows(Context& ctx, const float* a, const float* x, int64_t T, int64_t D, float* y);
+// w_e[t] = Σ_k [id[t, k] == e] · w[t, k] (0 when row t does not use expert e), for all e < E: [E, T].
+void moe_expert_weights(Context& ctx, const int32_t* ids, const float* w, int64_t T, int64_t topk, int64_t E, float* we);
+
+// y[r] = x[rows[r]] for r < R, rows of `width` floats.
+void gather_rows(Context& ctx, const float* x, const int32_t* rows, int64_t R, int64_t width, float* y);
+
+// out[t, j] = j < topk and idx[t, j] >= 0 ? score[t, idx[t, j]] : 0 (the indexer's chosen scores).
+void gather_scores(Context& ctx, const float* score, int64_t ld, const int32_t* idx, int64_t T, int64_t topk,
+                   float* out);
+
+// Up to kMax intermediates whose non-finite values are counted by one launch.
+struct NonFiniteBatch {
+  static constexpr int kMax = 16;  // a layer's ~12: one launch per layer
+  int count = 0;
+  const void* x[kMax];    // rows of `width` values, f32 or bf16
+  int64_t width[kMax];
+  bool bf16[kMax];
+  int32_t* out[kMax];     // out[r] = number of NaN/Inf among x[r, 0:width]
+};
+// Counts every intermediate of the batch over its first `rows` rows, in one launch (the step
+// notes ~12 intermediates per layer: one launch each cost more than the counting).
+void count_non_finite(Context& ctx, const NonFiniteBatch& b, int64_t rows);
+
+}  // namespace cm::cuda
