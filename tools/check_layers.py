@@ -160,6 +160,9 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--self-test":
         return self_test()
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
+    if not os.path.isdir(os.path.join(root, "src")):
+        print(f"check_layers: {root} has no src/ (usage: tools/check_layers.py [REPO_ROOT] | --self-test)")
+        return 2
     problems, files = check(root)
     if problems:
         print("\n".join(problems))
