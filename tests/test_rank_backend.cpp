@@ -4,7 +4,7 @@
 // invalid batch in the middle (out-of-vocabulary token: rank 0's caller gets
 // the error, the followers drop it and go on) — give rank 0 the logits of one
 // rank making the same calls, bit for bit; the followers return when the leader
-// is destroyed. 2) The server's scheduler (serve::Engine) over a LeaderBackend
+// is destroyed. 2) The server's scheduler (runtime::Engine) over a LeaderBackend
 // of 2 and 3 ranks generates, for several concurrent requests (greedy and
 // sampled, chunked prefill), the tokens it generates on one rank.
 #include <gtest/gtest.h>
@@ -17,7 +17,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "rank_util.h"
-#include "serve/engine.h"
+#include "runtime/engine.h"
 #include "step_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -107,25 +107,25 @@ TEST(RankBackend, WrongRanksAreRefused) {
 
 namespace {
 
-// Runs five requests through a serve::Engine on `be`; returns each request's generated ids.
+// Runs five requests through a runtime::Engine on `be`; returns each request's generated ids.
 std::vector<std::vector<int32_t>> serve_jobs(ModelBackend& be, int64_t V) {
   static const Tokenizer tok = Tokenizer::load(std::string(CLAWMINE_TEST_DATA) + "/tokenizer");
-  serve::EngineOptions o;
+  runtime::EngineOptions o;
   o.max_seqs = 3;
   o.max_step_tokens = 8;
   o.ctx = 48;
   o.log_requests = false;
-  serve::Engine e(be, tok, V, o, nullptr);
-  std::vector<std::shared_ptr<serve::Job>> jobs;
+  runtime::Engine e(be, &tok, V, o, nullptr);
+  std::vector<std::shared_ptr<runtime::Job>> jobs;
   for (int r = 0; r < 5; ++r) {
-    serve::JobSpec s;
+    runtime::JobSpec s;
     s.id = "r" + std::to_string(r);
     for (int i = 0; i < 9 + 4 * r; ++i) s.prompt.push_back(int32_t(3 + (i * 37 + r * 11) % (V - 3)));
     s.max_tokens = 6;
     s.ignore_eos = true;
     s.sampling.temperature = r % 2 ? 0.9f : 0.f;
     s.sampling.seed = 40 + uint64_t(r);
-    jobs.push_back(std::make_shared<serve::Job>(std::move(s)));
+    jobs.push_back(std::make_shared<runtime::Job>(std::move(s)));
     e.submit(jobs.back());
   }
   for (int i = 0; i < 1000 && e.step_once(); ++i) {
@@ -133,8 +133,8 @@ std::vector<std::vector<int32_t>> serve_jobs(ModelBackend& be, int64_t V) {
   std::vector<std::vector<int32_t>> out;
   for (auto& j : jobs) {
     std::vector<int32_t> ids;
-    for (const serve::JobEvent& ev : j->pop(0))
-      for (const serve::TokenOut& t : ev.tokens) ids.push_back(t.id);
+    for (const runtime::JobEvent& ev : j->pop(0))
+      for (const runtime::TokenOut& t : ev.tokens) ids.push_back(t.id);
     out.push_back(ids);
   }
   return out;

@@ -10,13 +10,15 @@
 #include "chat/dsv4.h"
 #include "common/error.h"
 #include "serve/chat_stream.h"
-#include "serve/engine.h"
+#include "runtime/engine.h"
+#include "serve/metrics.h"
 #include "serve/openai.h"
 #include "serve/request.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace cm;
 using namespace cm::serve;
+using namespace cm::runtime;
 using Json = nlohmann::ordered_json;
 
 namespace {
@@ -358,7 +360,7 @@ TEST(ServeEngine, SameOutputAloneAndInABatchWithChunkedPrefill) {
   std::vector<std::vector<int32_t>> alone;
   for (int r = 0; r < 10; ++r) {
     ScriptedBackend be(V);
-    Engine e(be, tokenizer(), V, o, nullptr);
+    Engine e(be, &tokenizer(), V, o, nullptr);
     auto j = make_job(prompt_of(20 + r * 7, r), 12, r % 2 ? 0.8f : 0.f, 100 + r);
     e.submit(j);
     run_all(e);
@@ -370,7 +372,7 @@ TEST(ServeEngine, SameOutputAloneAndInABatchWithChunkedPrefill) {
   // Ten at once on four slots: queueing, chunked prefill, mixed decode + prefill steps.
   ScriptedBackend be(V);
   Metrics m("test");
-  Engine e(be, tokenizer(), V, o, &m);
+  Engine e(be, &tokenizer(), V, o, &m);
   std::vector<std::shared_ptr<Job>> jobs;
   for (int r = 0; r < 10; ++r) {
     jobs.push_back(make_job(prompt_of(20 + r * 7, r), 12, r % 2 ? 0.8f : 0.f, 100 + r));
@@ -394,7 +396,7 @@ TEST(ServeEngine, PrefixReuseAndCancellation) {
   o.log_requests = false;
   ScriptedBackend be(V);
   Metrics m("t");
-  Engine e(be, tokenizer(), V, o, &m);
+  Engine e(be, &tokenizer(), V, o, &m);
   // Turn 1, then turn 2 whose prompt extends what the slot holds (turn 1 prompt + its output).
   auto t1 = make_job(prompt_of(30, 1), 5);
   e.submit(t1);
@@ -410,7 +412,7 @@ TEST(ServeEngine, PrefixReuseAndCancellation) {
   EXPECT_EQ(f2.cached_tokens, 34);  // 30 prompt + 4 fed outputs (the last output is never fed)
   // The same request on a fresh engine (no reuse) gives the same tokens.
   ScriptedBackend be2(V);
-  Engine e2(be2, tokenizer(), V, o, nullptr);
+  Engine e2(be2, &tokenizer(), V, o, nullptr);
   auto t2b = make_job(p2, 5);
   e2.submit(t2b);
   run_all(e2);
@@ -445,7 +447,7 @@ TEST(ServeEngine, StopStringsAndLogprobs) {
   o.ctx = 64;
   o.log_requests = false;
   ScriptedBackend be(V);
-  Engine e(be, tokenizer(), V, o, nullptr);
+  Engine e(be, &tokenizer(), V, o, nullptr);
   auto j = make_job(prompt_of(10, 2), 20);
   e.submit(j);
   run_all(e);
@@ -468,7 +470,7 @@ TEST(ServeEngine, StopStringsAndLogprobs) {
   // Stop at a string from the middle of that text: output is what precedes it.
   const std::string stop = text.substr(text.size() / 2, 3);
   ScriptedBackend be2(V);
-  Engine e2(be2, tokenizer(), V, o, nullptr);
+  Engine e2(be2, &tokenizer(), V, o, nullptr);
   JobSpec s = j->spec;
   s.stop = {stop};
   auto js = std::make_shared<Job>(s);
@@ -484,7 +486,7 @@ TEST(ServeEngine, StopStringsAndLogprobs) {
   EXPECT_EQ(got, text.substr(0, text.find(stop)));
   // The context limit ends a sequence with "length".
   ScriptedBackend be3(V);
-  Engine e3(be3, tokenizer(), V, o, nullptr);
+  Engine e3(be3, &tokenizer(), V, o, nullptr);
   auto jl = make_job(prompt_of(60, 2), 100);
   e3.submit(jl);
   run_all(e3);
@@ -501,14 +503,14 @@ TEST(ServeEngine, AFailingSequenceEndsAloneTheOthersContinue) {
   o.ctx = 128;
   o.log_requests = false;
   ScriptedBackend lone_be(V);
-  Engine lone(lone_be, tokenizer(), V, o, nullptr);
+  Engine lone(lone_be, &tokenizer(), V, o, nullptr);
   auto ref = make_job(prompt_of(12, 4), 8);
   lone.submit(ref);
   run_all(lone);
   const std::vector<int32_t> want = collect(*ref).first;
 
   ScriptedBackend be(V);
-  Engine e(be, tokenizer(), V, o, nullptr);
+  Engine e(be, &tokenizer(), V, o, nullptr);
   std::vector<int32_t> poisoned = prompt_of(12, 5);
   poisoned[6] = ScriptedBackend::kPoison;
   auto bad = make_job(poisoned, 8);

@@ -20,7 +20,8 @@
 #include "sampling/generation_config.h"
 #include "seam/backend.h"
 #include "seam/observer.h"
-#include "serve/engine.h"
+#include "runtime/engine.h"
+#include "runtime/stop_rule.h"
 #include "serve/http_server.h"
 #include "tokenizer/tokenizer.h"
 #include "runtime/layer_stats.h"
@@ -87,16 +88,14 @@ int run(Opts& o) {
   }
   o.http.ctx = o.ctx;
   o.http.vocab = c.vocab_size;
-  cm::serve::EngineOptions eo;
+  cm::runtime::EngineOptions eo;
   eo.max_seqs = o.max_seqs;
   eo.max_step_tokens = o.max_step_tokens;
   eo.ctx = o.ctx;
-  for (int64_t e : c.eos_token_ids) eo.eos_ids.push_back(int32_t(e));
-  if (tok.eos_id() >= 0) eo.eos_ids.push_back(tok.eos_id());
-  for (int32_t e : cm::load_generation_config(o.eng.model).eos_ids) eo.eos_ids.push_back(e);
+  eo.eos_ids = cm::runtime::end_of_sequence_ids(c, &tok, cm::load_generation_config(o.eng.model));
 
   cm::serve::Metrics metrics(o.http.model_name);
-  cm::serve::Engine engine(*backend, tok, c.vocab_size, eo, &metrics);
+  cm::runtime::Engine engine(*backend, &tok, c.vocab_size, eo, &metrics);
   cm::serve::HttpServer http(engine, tok, metrics, request_defaults(o.eng.model), o.http);
   const int port = http.bind();
   engine.start();

@@ -109,7 +109,8 @@ void Sampler::keep_top(int64_t vocab, Enough enough) {
   for (const Cand& c : boundary_) keep_[c.id] = 0;
 }
 
-int32_t Sampler::sample(const float* logits, int64_t vocab, const std::vector<int32_t>& history) {
+int32_t Sampler::sample(const float* logits, int64_t vocab, const std::vector<int32_t>& history,
+                        const std::vector<int32_t>& banned) {
   CM_CHECK(logits != nullptr, "sampling: no logits given");
   CM_CHECK(vocab > 0 && vocab <= INT32_MAX, "sampling: vocabulary size {} is invalid", vocab);
   // NaN and +inf in one vectorisable pass; locate the first offender only on failure.
@@ -124,6 +125,14 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, const std::vector<in
   if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
     work_.assign(logits, logits + vocab);
     apply_penalties(vocab, history);
+    l = work_.data();
+  }
+  if (!banned.empty()) {
+    // Banned ids (a request's min_tokens keeps EOS out) are -inf after the penalties, as if the
+    // model had never proposed them; the copy is made only when something is banned.
+    if (l != work_.data()) work_.assign(logits, logits + vocab);
+    for (int32_t id : banned)
+      if (id >= 0 && id < vocab) work_[size_t(id)] = -INFINITY;
     l = work_.data();
   }
 

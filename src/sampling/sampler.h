@@ -52,8 +52,10 @@ void validate_sampling_params(const SamplingParams& p);
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p);  // validates params -> cm::Error on nonsense
-  // history = prompt + generated ids (only used by the penalties).
-  int32_t sample(const float* logits, int64_t vocab, const std::vector<int32_t>& history);
+  // history = prompt + generated ids (only used by the penalties). banned: ids that must not be
+  // picked (their logits count as -inf).
+  int32_t sample(const float* logits, int64_t vocab, const std::vector<int32_t>& history,
+                 const std::vector<int32_t>& banned = {});
 
   const SamplingParams& params() const { return params_; }
   // Restart the random stream (same seed -> same draws again).

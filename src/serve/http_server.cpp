@@ -89,7 +89,7 @@ const char* reason_phrase(int status) {
 }  // namespace
 
 struct HttpServer::Impl {
-  Engine& engine;
+  runtime::Engine& engine;
   const Tokenizer& tok;
   Metrics& metrics;
   RequestDefaults defaults;
@@ -101,7 +101,7 @@ struct HttpServer::Impl {
   std::mutex rng_mu;
   std::mt19937_64 rng{std::random_device{}()};
 
-  Impl(Engine& e, const Tokenizer& t, Metrics& m, RequestDefaults d, HttpOptions o)
+  Impl(runtime::Engine& e, const Tokenizer& t, Metrics& m, RequestDefaults d, HttpOptions o)
       : engine(e), tok(t), metrics(m), defaults(std::move(d)), opt(std::move(o)) {}
 
   uint64_t random64() {
@@ -291,7 +291,7 @@ void HttpServer::Impl::routes() {
   svr.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& s) { detokenize(q, s); });
 }
 
-HttpServer::HttpServer(Engine& engine, const Tokenizer& tok, Metrics& metrics, RequestDefaults defaults, HttpOptions opt)
+HttpServer::HttpServer(runtime::Engine& engine, const Tokenizer& tok, Metrics& metrics, RequestDefaults defaults, HttpOptions opt)
     : impl_(new Impl(engine, tok, metrics, std::move(defaults), std::move(opt))) {
   impl_->routes();
 }

@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "serve/engine.h"
+#include "runtime/engine.h"
 #include "serve/metrics.h"
 #include "serve/request.h"
 
@@ -33,7 +33,7 @@ struct HttpOptions {
 
 class HttpServer {
  public:
-  HttpServer(Engine& engine, const Tokenizer& tok, Metrics& metrics, RequestDefaults defaults, HttpOptions opt);
+  HttpServer(runtime::Engine& engine, const Tokenizer& tok, Metrics& metrics, RequestDefaults defaults, HttpOptions opt);
   ~HttpServer();
   // Binds; cm::Error naming host:port when it cannot. Returns the bound port (port 0 = any).
   int bind();

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/engine_metrics.h"
+
 namespace cm::serve {
 
 struct Histogram {
@@ -21,17 +23,17 @@ struct Histogram {
   void observe(double v);
 };
 
-class Metrics {
+class Metrics : public runtime::EngineMetrics {
  public:
   explicit Metrics(std::string model_name);
-  void set_queue(int64_t running, int64_t waiting);
-  void add_prompt_tokens(int64_t n);
-  void add_generation_tokens(int64_t n);
-  void observe_ttft(double s);
-  void observe_inter_token(double s);
-  void observe_e2e(double s);
-  void request_finished(const std::string& reason);
-  void prefix_cache(int64_t queried_tokens, int64_t hit_tokens);
+  void set_queue(int64_t running, int64_t waiting) override;
+  void add_prompt_tokens(int64_t n) override;
+  void add_generation_tokens(int64_t n) override;
+  void observe_ttft(double s) override;
+  void observe_inter_token(double s) override;
+  void observe_e2e(double s) override;
+  void request_finished(const std::string& reason) override;
+  void prefix_cache(int64_t queried_tokens, int64_t hit_tokens) override;
   std::string render() const;
 
  private:

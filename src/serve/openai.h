@@ -16,10 +16,17 @@
 #include <string>
 
 #include "serve/chat_stream.h"
-#include "serve/engine.h"
+#include "runtime/engine.h"
 #include "serve/request.h"
 
 namespace cm::serve {
+
+// The engine's job and event types, which the server fills and relays.
+using runtime::Job;
+using runtime::JobEvent;
+using runtime::JobSpec;
+using runtime::TokenOut;
+using runtime::TopLogprob;
 
 struct ResponseMeta {
   std::string id;     // "cmpl-…" / "chatcmpl-…"

@@ -1,7 +1,7 @@
-// The serving engine's scheduler (see engine.h for the step). Only the engine thread touches the
+// The engine's scheduler (see engine.h for the step). Only the engine thread touches the
 // backend, the slots and the running sequences; the only shared structures are the incoming
 // queue (in_mu_) and each Job's event queue.
-#include "serve/engine.h"
+#include "runtime/engine.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,10 +9,10 @@
 #include <cstdio>
 #include <random>
 
-#include "chat/stop_strings.h"
 #include "common/error.h"
+#include "runtime/stop_rule.h"
 
-namespace cm::serve {
+namespace cm::runtime {
 
 using Clock = std::chrono::steady_clock;
 static double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -50,15 +50,26 @@ struct Engine::Seq {
   int64_t generated = 0;
   int32_t pending = -1;            // sampled token still to be fed (decode phase)
   Sampler sampler;
-  StreamDecoder decoder;
-  chat::StopStrings stop;
+  StopRule rule;
   Clock::time_point arrival, first_token, last_token;
-  Seq(std::shared_ptr<Job> j, const Tokenizer& tok)
-      : job(std::move(j)), sampler(job->spec.sampling), decoder(tok), stop(job->spec.stop) {}
+  Seq(std::shared_ptr<Job> j, const Tokenizer* tok, const EngineOptions& opt)
+      : job(std::move(j)), sampler(job->spec.sampling), rule(stop_params(job->spec, opt), tok,
+                                                              int64_t(job->spec.prompt.size())) {}
+  static StopParams stop_params(const JobSpec& spec, const EngineOptions& opt) {
+    StopParams p;
+    p.eos_ids = opt.eos_ids;
+    p.max_tokens = spec.max_tokens;
+    p.ctx = opt.ctx;
+    p.stop = spec.stop;
+    p.stop_token_ids = spec.stop_token_ids;
+    p.ignore_eos = spec.ignore_eos;
+    p.min_tokens = spec.min_tokens;
+    return p;
+  }
   bool prefilling() const { return fed < int64_t(job->spec.prompt.size()); }
 };
 
-Engine::Engine(ModelBackend& backend, const Tokenizer& tok, int64_t vocab, EngineOptions opt, Metrics* metrics)
+Engine::Engine(ModelBackend& backend, const Tokenizer* tok, int64_t vocab, EngineOptions opt, EngineMetrics* metrics)
     : be_(backend), tok_(tok), vocab_(vocab), opt_(std::move(opt)), metrics_(metrics) {
   CM_CHECK(opt_.max_seqs >= 1, "--max-seqs must be >= 1 (got {})", opt_.max_seqs);
   CM_CHECK(opt_.max_step_tokens >= opt_.max_seqs,
@@ -99,6 +110,30 @@ void Engine::stop() {
 }
 
 bool Engine::idle() const { return n_running_ == 0 && n_waiting_ == 0 && n_incoming_ == 0; }
+
+JobEvent Engine::generate(JobSpec spec, const std::function<void(const JobEvent&)>& on_event,
+                          const std::atomic<bool>* cancel) {
+  CM_CHECK(!thread_.joinable(), "Engine::generate runs a job on the caller's thread, but the engine thread runs");
+  auto job = std::make_shared<Job>(std::move(spec));
+  submit(job);
+  for (;;) {
+    if (cancel && cancel->load()) job->cancelled = true;
+    const bool worked = step_once();
+    for (JobEvent& e : job->pop(0)) {
+      if (on_event) on_event(e);
+      if (e.kind == JobEvent::Finish) return std::move(e);
+    }
+    CM_CHECK(worked, "engine: job {} neither ran nor finished", job->spec.id);
+  }
+}
+
+void Engine::drop_cached_prefixes() {
+  for (int32_t s = 0; s < int32_t(slots_.size()); ++s) {
+    if (slots_[size_t(s)].busy) continue;
+    slots_[size_t(s)].held.clear();
+    be_.reset_slot(s);
+  }
+}
 
 void Engine::run() {
   while (!stop_) {
@@ -172,7 +207,7 @@ void Engine::admit() {
     const auto& prompt = waiting_.front()->spec.prompt;
     int32_t slot = choose_slot(prompt, &reused);
     if (slot < 0) return;
-    auto seq = std::make_unique<Seq>(std::move(waiting_.front()), tok_);
+    auto seq = std::make_unique<Seq>(std::move(waiting_.front()), tok_, opt_);
     waiting_.pop_front();
     --n_waiting_;
     ++n_running_;
@@ -289,7 +324,7 @@ void Engine::on_logits(Seq& s, const float* row) {
   const auto now = Clock::now();
   int32_t id;
   try {
-    id = s.sampler.sample(row, vocab_, s.hist);
+    id = s.sampler.sample(row, vocab_, s.hist, s.rule.banned());
   } catch (const std::exception& e) {
     finish(s, "error", false, e.what());
     return;
@@ -304,36 +339,22 @@ void Engine::on_logits(Seq& s, const float* row) {
   s.hist.push_back(id);
   ++s.generated;
   if (metrics_) metrics_->add_generation_tokens(1);
-  const bool eos = std::find(opt_.eos_ids.begin(), opt_.eos_ids.end(), id) != opt_.eos_ids.end();
   JobEvent ev;
   TokenOut t;
   t.id = id;
   if (spec.logprobs >= 0) logprobs_of(row, vocab_, id, spec.logprobs, t);
   ev.tokens.push_back(std::move(t));
-  if (eos && !spec.ignore_eos) {
-    s.job->push(std::move(ev));
-    finish(s, "stop", true);
-    return;
-  }
-  ev.text = s.stop.push(s.decoder.push(id)).text;
+  StopVerdict v = s.rule.on_token(id);
+  ev.text = std::move(v.text);
   s.job->push(std::move(ev));
-  if (s.stop.stopped()) return finish(s, "stop", false);
-  // The next token would sit at position held.size(); it must fit the context.
-  if (s.generated >= spec.max_tokens || int64_t(slots_[size_t(s.slot)].held.size()) >= opt_.ctx)
-    return finish(s, "length", false);
+  if (v.done) return finish(s, v.reason, v.eos);
   s.pending = id;
 }
 
 void Engine::finish(Seq& s, const std::string& reason, bool eos, const std::string& error) {
   JobEvent ev;
   ev.kind = JobEvent::Finish;
-  if (reason == "stop" || reason == "length") {
-    if (!s.stop.stopped()) {
-      std::string tail = s.stop.push(s.decoder.flush()).text;
-      if (!s.stop.stopped()) tail += s.stop.flush();
-      ev.text = tail;
-    }
-  }
+  if (reason == "stop" || reason == "length") ev.text = s.rule.finish();
   ev.finish_reason = reason;
   ev.eos = eos;
   ev.error = error;
@@ -361,4 +382,4 @@ void Engine::finish(Seq& s, const std::string& reason, bool eos, const std::stri
   --n_running_;
 }
 
-}  // namespace cm::serve
+}  // namespace cm::runtime

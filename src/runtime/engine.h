@@ -1,5 +1,7 @@
-// The serving engine: one thread runs model steps over many sequences through a ModelBackend;
-// HTTP threads only submit Jobs and read their events through a per-job queue.
+// The generation engine: the scheduler and the one generation loop. It runs model steps over many
+// sequences through a ModelBackend. The server runs it on its own thread (start()); HTTP threads
+// only submit Jobs and read their events through a per-job queue. The CLI runs it on the caller's
+// thread (generate()), one job at a time, as nano-vllm's LLMEngine.generate serves offline use.
 //
 // Each step (continuous batching with chunked prefill):
 //   1. new jobs join the FIFO queue; cancelled jobs (client gone) leave it, or leave their slot;
@@ -9,9 +11,10 @@
 //   3. the batch is every decoding sequence's next token, then prefill chunks of admitted prompts
 //      in admission order until max_step_tokens are used;
 //   4. rows with logits are sampled with the job's own Sampler (its seed, penalties over prompt +
-//      output), detokenized, run through the job's stop strings and sent to the job's queue.
-// A job ends on EOS, a stop string, max_tokens, the context limit or cancellation; its slot is
-// free for the next step and keeps its tokens for later prefix reuse.
+//      output, EOS banned before min_tokens), and the job's StopRule (runtime/stop_rule.h)
+//      detokenizes, holds back stop strings and says whether the job ends; events go to its queue.
+// A job ends on EOS, a stop id or string, max_tokens, the context limit or cancellation; its slot
+// is free for the next step and keeps its tokens for later prefix reuse.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -26,11 +29,11 @@
 #include <vector>
 
 #include "seam/backend.h"
+#include "runtime/engine_metrics.h"
 #include "sampling/sampler.h"
-#include "serve/metrics.h"
 #include "tokenizer/tokenizer.h"
 
-namespace cm::serve {
+namespace cm::runtime {
 
 struct TopLogprob {
   int32_t id;
@@ -62,7 +65,9 @@ struct JobSpec {
   int64_t max_tokens = 16;
   SamplingParams sampling;
   std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;  // end the job like EOS (not output as text)
   bool ignore_eos = false;
+  int64_t min_tokens = 0;          // EOS and stop ids are not sampled before this many tokens
   int logprobs = -1;               // -1 off, else top alternatives per token
 };
 
@@ -99,8 +104,8 @@ struct EngineOptions {
 class Engine {
  public:
   // The backend is reserved for (max_seqs, max_step_tokens, ctx) unless it already is; every slot
-  // starts empty. vocab: logits row width.
-  Engine(ModelBackend& backend, const Tokenizer& tok, int64_t vocab, EngineOptions opt, Metrics* metrics);
+  // starts empty. vocab: logits row width. tok may be null (token ids only: events carry no text).
+  Engine(ModelBackend& backend, const Tokenizer* tok, int64_t vocab, EngineOptions opt, EngineMetrics* metrics);
   ~Engine();
 
   void submit(std::shared_ptr<Job> job);  // thread-safe
@@ -110,6 +115,13 @@ class Engine {
   // Returns false when there was nothing to do.
   bool step_once();
   bool idle() const;  // nothing queued, nothing running
+  // Runs one job to its end on the caller's thread (only without start()), handing each event to
+  // on_event as it is made; the Finish event is returned too. A set `cancel` ends it "cancelled".
+  JobEvent generate(JobSpec spec, const std::function<void(const JobEvent&)>& on_event,
+                    const std::atomic<bool>* cancel = nullptr);
+  // Forgets what every free slot holds, so the next job starts from an empty state (the CLI's
+  // chat /reset).
+  void drop_cached_prefixes();
   int64_t slot_count() const { return int64_t(slots_.size()); }
 
  private:
@@ -128,10 +140,10 @@ class Engine {
   void finish(Seq& s, const std::string& reason, bool eos, const std::string& error = "");
 
   ModelBackend& be_;
-  const Tokenizer& tok_;
+  const Tokenizer* tok_;
   int64_t vocab_;
   EngineOptions opt_;
-  Metrics* metrics_;
+  EngineMetrics* metrics_;
 
   std::mutex in_mu_;
   std::condition_variable in_cv_;
@@ -150,4 +162,4 @@ class Engine {
   std::vector<float> logits_;
 };
 
-}  // namespace cm::serve
+}  // namespace cm::runtime
