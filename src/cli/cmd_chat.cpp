@@ -20,7 +20,8 @@
 #include "cli/engine_options.h"
 #include "cli/text_output.h"
 #include "common/error.h"
-#include "runtime/session.h"
+#include "cli/generation.h"
+#include "runtime/stop_rule.h"
 #include "sampling/generation_config.h"
 #include "runtime/layer_stats.h"
 #include "factory/factory.h"
@@ -65,12 +66,13 @@ int run(Opts& o) {
   if (o.ctx > model_ctx) cm::fail("-c/--ctx-size {} exceeds the model's context of {} tokens", o.ctx, model_ctx);
   const int64_t ctx = o.ctx > 0 ? o.ctx : model_ctx;
   const cm::SamplingParams sp = cm::cli::effective_sampling(*o.app, o.sp, o.seed, o.eng.model);
-  const std::vector<int32_t> extra_eos = cm::load_generation_config(o.eng.model).eos_ids;
+  const cm::GenerationDefaults gd = cm::load_generation_config(o.eng.model);
   cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
   cm::LayerStatsObserver stats(stderr);
   o.eng.ctx_size = ctx;
   auto be = cm::cli::make_backend(o.eng, *m, &stats, cm::CacheShape{1, 512, 0});
-  cm::Session session(*be, m->config, &tok);
+  auto engine = cm::cli::make_cli_engine(*be, &tok, m->config.vocab_size, ctx,
+                                         cm::runtime::end_of_sequence_ids(m->config, &tok, gd));
   const auto mode = o.think ? cm::chat::Mode::Thinking : cm::chat::Mode::Chat;
   const bool tty = ::isatty(STDOUT_FILENO);
   nlohmann::ordered_json history = nlohmann::ordered_json::array();
@@ -88,7 +90,7 @@ int run(Opts& o) {
     if (line == "/exit" || line == "/quit") break;
     if (line == "/reset") {
       history.erase(history.begin() + (o.system.empty() ? 0 : 1), history.end());
-      session.reset();
+      engine->drop_cached_prefixes();
       std::fputs(o.system.empty() ? "history cleared\n" : "history cleared (the system prompt stays)\n", stdout);
       continue;
     }
@@ -103,10 +105,10 @@ int run(Opts& o) {
     }
     if (line.empty()) continue;
     history.push_back({{"role", "user"}, {"content", line}});
-    cm::GenerateRequest req;
+    cm::runtime::JobSpec req;
+    req.id = "chat";
     req.prompt = tok.encode(cm::chat::encode_messages(history, cm::chat::ChatOptions{mode, true, true, ""}));
     req.sampling = sp;
-    req.eos_ids = extra_eos;
     if (int64_t(req.prompt.size()) + 1 >= ctx) {
       std::fprintf(stderr, "the conversation (%lld tokens) no longer fits the context (%lld tokens); /reset to start over\n",
                    (long long)req.prompt.size(), (long long)ctx);
@@ -117,7 +119,7 @@ int run(Opts& o) {
     cm::cli::TextPrinter out(mode, o.hide_reasoning);
     g_cancel.store(false);
     g_generating.store(true);
-    cm::GenerateResult r = session.generate(req, [&](const std::string& p) { out.push(p); }, &g_cancel);
+    cm::cli::Generation r = cm::cli::generate(*engine, req, [&](const std::string& p) { out.push(p); }, &g_cancel);
     g_generating.store(false);
     out.finish();
     const int64_t used = r.prompt_tokens + int64_t(r.tokens.size());

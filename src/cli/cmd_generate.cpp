@@ -20,7 +20,8 @@
 #include "cli/engine_options.h"
 #include "cli/text_output.h"
 #include "common/error.h"
-#include "runtime/session.h"
+#include "cli/generation.h"
+#include "runtime/stop_rule.h"
 #include "sampling/generation_config.h"
 #include "runtime/layer_stats.h"
 #include "factory/factory.h"
@@ -38,7 +39,7 @@ struct Opts {
   bool no_escape = false, no_display_prompt = false;
 };
 
-void print_stats(const cm::GenerateResult& r, const cm::cli::EngineOptions& eng, uint64_t seed) {
+void print_stats(const cm::cli::Generation& r, const cm::cli::EngineOptions& eng, uint64_t seed) {
   const double n = double(r.tokens.size());
   const int64_t fed = r.prompt_tokens - r.prompt_reused;
   std::fprintf(stderr, "\nload: %.2f s | prompt: %lld tokens, %.1f tok/s | generation: %lld tokens, %.1f tok/s | threads: %d | seed: %llu\n",
@@ -78,10 +79,10 @@ int run(Opts& o) {
   cm::GenerationDefaults gd = cm::load_generation_config(o.eng.model);
   cm::SamplingParams sp = cm::cli::effective_sampling(*o.app, o.sp, o.seed, o.eng.model);
   cm::LayerStatsObserver stats(stderr);
-  cm::GenerateRequest req;
+  cm::runtime::JobSpec req;
+  req.id = "generate";
   req.sampling = sp;
   req.stop = o.stop;
-  req.eos_ids = gd.eos_ids;
   req.ignore_eos = o.ignore_eos;
   // The prompt fits the context; generation stops at -n or where the context ends.
   auto limit = [&]() {
@@ -89,7 +90,7 @@ int run(Opts& o) {
     if (n >= ctx) cm::fail("the prompt has {} tokens; the context (-c) holds {}, leaving no room to generate", n, ctx);
     req.max_tokens = o.n_predict < 0 ? ctx - n : std::min(o.n_predict, ctx - n);
   };
-  auto context_note = [&](const cm::GenerateResult& r) {
+  auto context_note = [&](const cm::cli::Generation& r) {
     const bool cut = r.finish_reason == "length" && (o.n_predict < 0 || int64_t(r.tokens.size()) < o.n_predict) &&
                      r.prompt_tokens + int64_t(r.tokens.size()) >= ctx;
     if (cut)
@@ -101,10 +102,11 @@ int run(Opts& o) {
   o.eng.ctx_size = ctx;
   auto be = cm::cli::make_backend(o.eng, *m, &stats, cm::CacheShape{1, 512, 0});
   if (token_mode) {
-    cm::Session s(*be, m->config, nullptr);
+    auto engine = cm::cli::make_cli_engine(*be, nullptr, m->config.vocab_size, ctx,
+                                           cm::runtime::end_of_sequence_ids(m->config, nullptr, gd));
     req.prompt = ids;
     limit();
-    cm::GenerateResult r = s.generate(req, nullptr);
+    cm::cli::Generation r = cm::cli::generate(*engine, req, nullptr);
     for (size_t i = 0; i < r.tokens.size(); ++i) std::printf(i ? " %d" : "%d", r.tokens[i]);
     std::printf("\n");
     std::fflush(stdout);
@@ -114,7 +116,8 @@ int run(Opts& o) {
   }
 
   cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
-  cm::Session s(*be, m->config, &tok);
+  auto engine = cm::cli::make_cli_engine(*be, &tok, m->config.vocab_size, ctx,
+                                         cm::runtime::end_of_sequence_ids(m->config, &tok, gd));
   const bool chat = o.chat || o.think || !o.system.empty();
   const auto mode = o.think ? cm::chat::Mode::Thinking : cm::chat::Mode::Chat;
   std::string text = prompt;
@@ -129,7 +132,7 @@ int run(Opts& o) {
   limit();
   cm::cli::TextPrinter out(chat ? mode : cm::chat::Mode::Chat, o.hide_reasoning);
   if (!chat && !o.no_display_prompt) std::fputs(prompt.c_str(), stdout);
-  cm::GenerateResult r = s.generate(req, [&](const std::string& piece) { out.push(piece); });
+  cm::cli::Generation r = cm::cli::generate(*engine, req, [&](const std::string& piece) { out.push(piece); });
   out.finish();
   std::printf("\n");
   std::fflush(stdout);

@@ -10,7 +10,7 @@
 // CacheShape; a step that asks for more than was reserved is an error naming
 // the limit, never a reallocation (llm.c's "allocate once, check every call").
 // The CPU backend (fp32, the oracle) and the CUDA backend implement the same
-// interface; callers (Session, the server's scheduler, the tests) see only this.
+// interface; callers (runtime::Engine, which the server and the CLI drive, and the tests) see only this.
 #pragma once
 #include <cstddef>
 #include <cstdint>
