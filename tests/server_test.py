@@ -184,6 +184,16 @@ def test_stop_strings(srv):
     assert r.choices[0].finish_reason == "stop"
 
 
+def test_min_tokens_and_stop_token_ids(srv):
+    # vLLM's extensions: min_tokens keeps EOS (and stop ids) from being sampled until then.
+    c = srv.client()
+    r = c.completions.create(model="default", prompt=PROMPT, max_tokens=8, temperature=0,
+                             extra_body={"min_tokens": 8, "stop_token_ids": [0]})
+    assert r.usage.completion_tokens == 8 and r.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model="default", prompt=PROMPT, max_tokens=8, extra_body={"stop_token_ids": "x"})
+
+
 def test_greedy_equals_generate(srv):
     n = 12
     out = subprocess.run([BIN, "generate", "-m", MODEL, "-p", PROMPT, "-n", str(n), "--temp", "0", "-t", "2"],

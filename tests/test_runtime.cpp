@@ -2,6 +2,7 @@
 // Engine::generate, the caller's-thread run of a job that the CLI uses, on the default model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -211,4 +212,47 @@ TEST(RuntimeEngine, GenerateMatchesAScheduledJob) {
   EXPECT_GT(e.generate(again, nullptr).cached_tokens, 0);
   e.drop_cached_prefixes();
   EXPECT_EQ(e.generate(again, nullptr).cached_tokens, 0);
+}
+
+// A job's stop_token_ids end it where that id is sampled (as EOS: not text); min_tokens keeps
+// that id from being sampled before then.
+TEST(RuntimeEngine, StopTokenIdsAndMinTokens) {
+  auto m = model_load(kDefault);
+  Tokenizer tok = Tokenizer::load(kDefault);
+  EngineOptions o;
+  o.max_seqs = 1;
+  o.ctx = 128;
+  o.log_requests = false;
+  auto be = make_backend(*m, Device::CPU);
+  Engine e(*be, &tok, m->config.vocab_size, o, nullptr);
+  JobSpec spec;
+  spec.prompt = tok.encode("Once upon a time");
+  spec.max_tokens = 16;
+  spec.ignore_eos = true;
+  auto ids_of_job = [&](const JobSpec& s, JobEvent* fin) {
+    std::vector<int32_t> ids;
+    *fin = e.generate(s, [&](const JobEvent& ev) {
+      for (const TokenOut& t : ev.tokens) ids.push_back(t.id);
+    });
+    return ids;
+  };
+  JobEvent fin;
+  const std::vector<int32_t> a = ids_of_job(spec, &fin);
+  ASSERT_EQ(a.size(), 16u);
+  size_t k = 1;  // the first token not seen before it
+  while (k < a.size() && std::find(a.begin(), a.begin() + long(k), a[k]) != a.begin() + long(k)) ++k;
+  ASSERT_LT(k, a.size());
+
+  JobSpec stop = spec;
+  stop.stop_token_ids = {a[k]};
+  const std::vector<int32_t> b = ids_of_job(stop, &fin);
+  EXPECT_EQ(b, std::vector<int32_t>(a.begin(), a.begin() + long(k) + 1));
+  EXPECT_EQ(fin.finish_reason, "stop");
+  EXPECT_TRUE(fin.eos);
+
+  stop.min_tokens = int64_t(k) + 1;
+  const std::vector<int32_t> c = ids_of_job(stop, &fin);
+  ASSERT_GT(c.size(), k);
+  EXPECT_NE(c[k], a[k]);
+  EXPECT_EQ(std::vector<int32_t>(c.begin(), c.begin() + long(k)), std::vector<int32_t>(a.begin(), a.begin() + long(k)));
 }

@@ -48,7 +48,8 @@ TEST(ServeRequest, ParsesCompletionFields) {
   ParseResult r = parse_request(
       R"({"model":"m","prompt":"hi","max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":-1,"min_p":0.1,
           "presence_penalty":1,"frequency_penalty":-1,"repetition_penalty":1.1,"seed":7,"stop":["a","b"],
-          "stream":true,"stream_options":{"include_usage":true},"logprobs":3,"ignore_eos":true})",
+          "stream":true,"stream_options":{"include_usage":true},"logprobs":3,"ignore_eos":true,
+          "stop_token_ids":[9,12],"min_tokens":2})",
       Endpoint::Completions, {});
   ASSERT_FALSE(r.error) << r.error->message;
   const ApiRequest& q = *r.request;
@@ -64,6 +65,11 @@ TEST(ServeRequest, ParsesCompletionFields) {
   EXPECT_EQ(q.stop, (std::vector<std::string>{"a", "b"}));
   EXPECT_TRUE(q.stream && q.include_usage && q.ignore_eos);
   EXPECT_EQ(q.logprobs, 3);
+  EXPECT_EQ(q.stop_token_ids, (std::vector<int32_t>{9, 12}));
+  EXPECT_EQ(q.min_tokens, 2);
+  EXPECT_EQ(parse_error(R"({"prompt":"x","stop_token_ids":[-1]})").param, "stop_token_ids");
+  EXPECT_EQ(parse_error(R"({"prompt":"x","stop_token_ids":3})").param, "stop_token_ids");
+  EXPECT_EQ(parse_error(R"({"prompt":"x","min_tokens":-1})").param, "min_tokens");
   // Defaults: OpenAI's temperature 1 unless generation_config says otherwise.
   EXPECT_FLOAT_EQ(parse_request(R"({"prompt":[1,2,3]})", Endpoint::Completions, {}).request->sampling.temperature, 1.f);
   RequestDefaults d;

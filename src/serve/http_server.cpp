@@ -165,6 +165,8 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
   if (!r.seed_given) spec.sampling.seed = random64();
   spec.stop = r.stop;
   spec.ignore_eos = r.ignore_eos;
+  spec.stop_token_ids = r.stop_token_ids;
+  spec.min_tokens = r.min_tokens;
   spec.logprobs = r.logprobs;
   auto job = std::make_shared<Job>(std::move(spec));
   ResponseMeta meta{id, unix_now(), opt.model_name};

@@ -18,6 +18,7 @@ using Json = nlohmann::ordered_json;
 
 constexpr int kMaxDepth = 64;      // JSON nesting a request may have (the encoder recurses)
 constexpr size_t kMaxStops = 16;
+constexpr size_t kMaxStopIds = 64;
 constexpr int kMaxLogprobs = 20;
 
 struct Bad {
@@ -145,6 +146,19 @@ void parse_common(const Json& j, const RequestDefaults& d, ApiRequest& r) {
     if (has(so, "include_usage")) r.include_usage = boolean(so, "include_usage");
   }
   if (has(j, "ignore_eos")) r.ignore_eos = boolean(j, "ignore_eos");
+  // vLLM's extensions: ids that end the answer like EOS, and a floor under its length.
+  if (has(j, "stop_token_ids")) {
+    const Json& v = j["stop_token_ids"];
+    if (!v.is_array()) bad("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    if (v.size() > kMaxStopIds)
+      bad("stop_token_ids", fmt::format("'stop_token_ids' may hold at most {} ids", kMaxStopIds));
+    for (const Json& t : v) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max())
+        bad("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+      r.stop_token_ids.push_back(int32_t(t.get<int64_t>()));
+    }
+  }
+  if (has(j, "min_tokens")) r.min_tokens = integer(j, "min_tokens", 0, std::numeric_limits<int32_t>::max());
 }
 
 void parse_completions(const Json& j, ApiRequest& r) {

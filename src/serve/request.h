@@ -8,7 +8,7 @@
 //   both:  model, max_tokens (chat also max_completion_tokens), temperature [0,2], top_p (0,1],
 //          top_k (-1/0 = off), min_p [0,1], presence_penalty / frequency_penalty [-2,2],
 //          repetition_penalty (0,∞), seed, stop (string or array of up to 16 strings), stream,
-//          stream_options.include_usage, n (only 1), ignore_eos (vLLM extension)
+//          stream_options.include_usage, n (only 1), ignore_eos, stop_token_ids, min_tokens (vLLM extensions)
 //   /v1/completions: prompt (string, [string] of one, or [token ids]), logprobs (int 0..20),
 //          echo (false only)
 //   /v1/chat/completions: messages (DeepSeek-V4 chat encoding), tools, tool_choice
@@ -70,6 +70,8 @@ struct ApiRequest {
   bool seed_given = false;
   std::vector<std::string> stop;
   bool stream = false, include_usage = false, ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;  // end like EOS
+  int64_t min_tokens = 0;               // EOS and stop ids are not sampled before this many tokens
   int logprobs = -1;  // -1: off; else how many top alternatives per token (0..20)
 };
 
