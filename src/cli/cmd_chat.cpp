@@ -109,6 +109,7 @@ int run(Opts& o) {
     req.id = "chat";
     req.prompt = tok.encode(cm::chat::encode_messages(history, cm::chat::ChatOptions{mode, true, true, ""}));
     req.sampling = sp;
+    req.release_held_on_cancel = true;
     if (int64_t(req.prompt.size()) + 1 >= ctx) {
       std::fprintf(stderr, "the conversation (%lld tokens) no longer fits the context (%lld tokens); /reset to start over\n",
                    (long long)req.prompt.size(), (long long)ctx);

@@ -354,7 +354,8 @@ void Engine::on_logits(Seq& s, const float* row) {
 void Engine::finish(Seq& s, const std::string& reason, bool eos, const std::string& error) {
   JobEvent ev;
   ev.kind = JobEvent::Finish;
-  if (reason == "stop" || reason == "length") ev.text = s.rule.finish();
+  if (reason == "stop" || reason == "length" || (reason == "cancelled" && s.job->spec.release_held_on_cancel))
+    ev.text = s.rule.finish();
   ev.finish_reason = reason;
   ev.eos = eos;
   ev.error = error;

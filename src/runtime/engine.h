@@ -69,6 +69,10 @@ struct JobSpec {
   bool ignore_eos = false;
   int64_t min_tokens = 0;          // EOS and stop ids are not sampled before this many tokens
   int logprobs = -1;               // -1 off, else top alternatives per token
+  // A cancelled job's Finish event still carries the text held back (an incomplete UTF-8
+  // character as U+FFFD, a possible stop-string start): the CLI's chat keeps an answer stopped with
+  // Ctrl-C, to the last byte, in its history. A server's client is gone when its job is cancelled.
+  bool release_held_on_cancel = false;
 };
 
 // One request as the engine sees it. The HTTP thread keeps a shared_ptr, sets `cancelled` when
