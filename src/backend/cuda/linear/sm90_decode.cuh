@@ -1,8 +1,5 @@
 // The small-M decode kernel of the weight-format linears, written once over the format (NVFP4/MXFP4:
-// Nvfp4Format in sm90_nvfp4_linear.cu). FP8 (sm90_fp8_linear.cu) still has its own copy of this
-// skeleton: instantiated through this template its kernels compile to the same registers but a
-// differently scheduled SASS (a refactor here must not change a kernel's SASS), so it moves once that
-// is matched.
+// Nvfp4Format in sm90_nvfp4_linear.cu; FP8: Fp8Format in sm90_fp8_linear.cu).
 //
 // One CTA (4 warps) owns a 16-row block and a K range; each warp walks 64-wide chunks of that range,
 // issuing the 16-byte weight loads of several chunks before expanding any of them, so many loads are in
@@ -19,7 +16,7 @@
 //   Block, block(p, rb, lane, g, t)    where this lane's weights and scales of row block rb start;
 //   kloop<MT, U, PIPE>(blk, xrow, xok, c_first, c_end, cstep, K, t, acc)   one warp's chunk walk
 //                                (how a K chunk of weights and scales is loaded and expanded);
-//   out_scale(p)                 the factor of the stored tile;
+//   kScaledOutput, out_scale(p)  whether the stored tile is multiplied by a factor, and that factor;
 //   occupancy(ctx), kName, kPairName   the host side: split-K occupancies, launch names.
 #pragma once
 #include <cuda_bf16.h>
@@ -72,7 +69,12 @@ __device__ __forceinline__ void decode_cta(const typename F::Params& p, const in
   float vals[MT];
   reduce_warps<MT>(acc, red, vals);
   if (!splitk_combine<MT>(vals, p.partials, p.counters, p.ksplit, split, p.row_blocks, rb)) return;
-  store_tile<MT>(vals, rb, p.M, p.N, p.y, p.ldy, p.y_bf16 != 0, F::out_scale(p));
+  // A format without an output factor stores a literal 1 (a factor 1 returned by a function compiles to
+  // other SASS).
+  if constexpr (F::kScaledOutput)
+    store_tile<MT>(vals, rb, p.M, p.N, p.y, p.ldy, p.y_bf16 != 0, F::out_scale(p));
+  else
+    store_tile<MT>(vals, rb, p.M, p.N, p.y, p.ldy, p.y_bf16 != 0, 1.0f);
 }
 
 template <class F, int MT, bool PIPE>

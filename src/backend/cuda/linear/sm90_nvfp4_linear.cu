@@ -60,6 +60,7 @@ struct Nvfp4Format {
     sm90::warp_kloop<MT, U, 1, PIPE>(b.wb, b.sb, xrow, xok, c_first, c_end, cstep, K, t,
                                      *reinterpret_cast<float(*)[1][MT][4]>(&acc));
   }
+  static constexpr bool kScaledOutput = true;
   static __device__ __forceinline__ float out_scale(const Params& p) { return p.out_scale; }
   static const int (&occupancy(Context& ctx))[3] { return ctx.setup().nvfp4_decode_occupancy; }
 };
