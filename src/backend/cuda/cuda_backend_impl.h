@@ -91,6 +91,10 @@ class CudaBackend final : public ModelBackend {
     else
       linear(w, x, false, M, y);
   }
+  // The named intermediates (cuda_backend_notes.cu): note() queues `what` of layer L ([n, width] rows,
+  // inner: a row's shape) for the non-finite count and hands its rows to the observer; flush_counts
+  // counts the queued ones in one launch; observe_entries hands the observer the compressed entries a
+  // step completed; first_non_finite names the first noted intermediate with a non-finite row.
   void note(const char* what, int64_t layer, const void* data, bool bf16, int64_t width,
             const std::vector<int64_t>& inner);
   void observe_entries(int64_t L, const CompressorStateView& comp, const CompressorStateView* index);
