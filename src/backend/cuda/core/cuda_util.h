@@ -13,6 +13,8 @@
 
 namespace cm::cuda {
 
+class OpTimer;  // op_timer.h
+
 // Throws cm::Error naming the failed call and CUDA's message.
 void check_cuda(cudaError_t e, const char* what, const char* file, int line);
 #define CM_CUDA(call) ::cm::cuda::check_cuda((call), #call, __FILE__, __LINE__)
@@ -116,6 +118,10 @@ class Context {
   int device() const { return device_; }
   const KernelSetup& setup() const { return setup_; }
 
+  // The op timer the step's OpScopes record into (op_timer.h; not owned; null: none).
+  void set_timer(OpTimer* t) { timer_ = t; }
+  OpTimer* timer() const { return timer_; }
+
   // Grows the workspace to at least w (synchronises the stream; call between
   // steps, never while capturing a graph).
   void reserve_workspace(const Workspace& w);
@@ -142,6 +148,7 @@ class Context {
   int sm_count_ = 0;
   bool pdl_ = true;
   KernelSetup setup_;
+  OpTimer* timer_ = nullptr;
   Workspace ws_;
   DeviceBuffer partials_, counters_, panel_, cublas_ws_;
 };

@@ -64,4 +64,9 @@ std::vector<OpTimer::OpTime> OpTimer::totals() const {
   return out;
 }
 
+OpScope::~OpScope() noexcept(false) {
+  if (std::uncaught_exceptions() > exceptions_) return;
+  if (OpTimer* t = ctx_.timer()) t->mark(label_, ctx_.stream());
+}
+
 }  // namespace cm::cuda

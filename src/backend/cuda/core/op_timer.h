@@ -1,6 +1,6 @@
 // Times a CUDA backend step op by op without a profiler (no nsys, no CUPTI):
-// the backend records a CUDA event on its stream after each op call (a linear,
-// a norm, the attention kernel, the MoE kernels, ...) with a label, and the
+// the backend records a CUDA event on its stream at the end of each op (an
+// OpScope: a linear, a norm, the attention kernel, the MoE kernels, ...) with a label, and the
 // time between one event and the next is that op's. Events are timestamps
 // taken as the stream reaches them, so the intervals are GPU time, and the
 // sum of all of them is the step's GPU span. Recording an event costs a few
@@ -10,11 +10,14 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace cm::cuda {
+
+class Context;
 
 class OpTimer {
  public:
@@ -51,6 +54,25 @@ class OpTimer {
   std::vector<const char*> labels_;
   size_t n_ = 0;
   bool overflow_ = false;
+};
+
+// One named op of a step: the kernels launched on ctx's stream during the scope's life are grouped under
+// `label` in the timer attached to the Context (Context::set_timer); at the scope's end the interval since
+// the previous event is the op's. Nothing without a timer or outside OPS mode. Scopes may nest (the inner
+// op ends first; the outer one gets what follows it). The label must outlive the timer (a literal, a weight
+// name).
+//   { cuda::OpScope op(ctx, "attn.wq_a+wkv"); run_linear_pair(...); }
+class OpScope {
+ public:
+  OpScope(Context& ctx, const char* label) : ctx_(ctx), label_(label), exceptions_(std::uncaught_exceptions()) {}
+  ~OpScope() noexcept(false);
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  Context& ctx_;
+  const char* label_;
+  int exceptions_;  // records nothing when it ends by an exception (the step failed)
 };
 
 }  // namespace cm::cuda

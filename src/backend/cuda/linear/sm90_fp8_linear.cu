@@ -1,21 +1,16 @@
-// FP8 128x128-block linear kernels for Hopper (see cuda_fp8_linear.h).
+// FP8 128x128-block linear kernels for Hopper (see linear.h).
 //
-// Decode kernel: the NVFP4 decode structure (sm90_nvfp4_linear.cu) with FP8
-// chunks. One CTA (4 warps) owns a 16-row block and a K range; each warp walks
-// 64-wide chunks of that range with the 16-byte loads of several chunks in
-// flight, expands E4M3 to BF16 in registers, multiplies with mma.sync and
-// applies each chunk's block scale in FP32. The 4 warps reduce through shared
-// memory; when K is split across CTAs the last CTA to arrive for a row block
-// sums the partial tiles in a fixed order (deterministic), so a whole linear
-// is one launch.
+// Decode kernel: sm90_decode.cuh's, shared with NVFP4, with FP8 chunks (Fp8Format
+// below): each warp expands E4M3 to BF16 in registers, multiplies with mma.sync
+// and applies each chunk's block scale in FP32.
 #include <algorithm>
 
 #include "backend/cuda/linear/linear.h"
 #include "backend/cuda/linear/fp8_pack.h"
 #include "backend/cuda/core/kernel_setup.h"
 #include "backend/cuda/linear/linear_host.cuh"
+#include "backend/cuda/linear/sm90_decode.cuh"
 #include "backend/cuda/linear/sm90_fp8.cuh"
-#include "backend/cuda/linear/sm90_splitk.cuh"
 
 namespace cm::cuda {
 
@@ -28,70 +23,41 @@ struct Fp8DecodeParams : Fp8Args {
   unsigned* counters;
 };
 
-constexpr int kWarps = 4;
-
-// Chunks per batch: FP8 chunks hold twice the weight registers of NVFP4 ones,
-// and the pipelined loop keeps two batches live.
-template <int MT, bool PIPE>
-struct Fp8Unroll {
-  static constexpr int value = MT == 1 ? 4 : (MT == 2 || !PIPE ? 2 : 1);
-};
-
-// One CTA's work: row block rb, K split `split` of the linear p.
-template <int MT, bool PIPE>
-__device__ __forceinline__ void fp8_decode_cta(const Fp8DecodeParams& p, const int rb, const int split) {
-  using namespace sm90;
-  constexpr int U = Fp8Unroll<MT, PIPE>::value;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t c_begin = int64_t(split) * p.chunks_per_split;
-  const int64_t c_end = min(p.chunks, c_begin + p.chunks_per_split);
-  const int64_t xcol = int64_t(rb * 16 / p.rows_per_group) * p.K + 16 * t;
-  // As in the NVFP4 decode kernel: prefetch this CTA's weight slice into L2,
-  // then wait for the previous kernel (PDL) before touching x or the workspace.
-  if (threadIdx.x == 0 && c_end > c_begin) {
-    const int64_t u0 = int64_t(rb) * p.chunks + c_begin, n = c_end - c_begin;
+// How the FP8 decode kernel (sm90_decode.cuh) reads a K chunk: two 16-byte words of E4M3 codes per lane
+// (1024 bytes a 16-row chunk) and the f32 block scale of its 128x128 block, expanded by fp8_chunk_mma
+// (sm90_fp8.cuh). FP8 chunks hold twice the weight registers of NVFP4 ones, and the pipelined loop keeps
+// two batches live: fewer chunks per batch.
+struct Fp8Format {
+  using Params = Fp8DecodeParams;
+  template <int MT, bool PIPE>
+  static constexpr int kUnroll = MT == 1 ? 4 : (MT == 2 || !PIPE ? 2 : 1);
+  static constexpr const char* kName = "fp8_decode_kernel";
+  static constexpr const char* kPairName = "fp8_decode_pair_kernel";
+  struct Block {
+    const uint4* wb;
+    const float* sb;
+  };
+  static __device__ __forceinline__ void prefetch(const Params& p, int64_t u0, int64_t n) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.w + u0 * 64), "r"(uint32_t(n * 1024)) : "memory");
   }
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
-
-  const uint4* wb = p.w + int64_t(rb) * p.chunks * 64 + lane;
-  const float* sb = p.s + int64_t(rb / 8) * p.scale_cols;
-  const __nv_bfloat16* xrow[MT];
-  bool xok[MT];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int tok = g + 8 * mt;
-    xok[mt] = tok < p.M;
-    xrow[mt] = p.x + int64_t(xok[mt] ? tok : 0) * p.ldx + xcol;
+  static __device__ __forceinline__ Block block(const Params& p, int rb, int lane, int g, int t) {
+    return Block{p.w + int64_t(rb) * p.chunks * 64 + lane, p.s + int64_t(rb / 8) * p.scale_cols};
   }
-  float acc[MT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
-  fp8_warp_kloop<MT, U, PIPE>(wb, sb, xrow, xok, c_begin + warp, c_end, kWarps, p.K, t, acc);
+  template <int MT, int U, bool PIPE>
+  static __device__ __forceinline__ void kloop(const Block& b, const __nv_bfloat16* const (&xrow)[MT],
+                                               const bool (&xok)[MT], int64_t c_first, int64_t c_end, int64_t cstep,
+                                               int64_t K, int t, float (&acc)[MT][4]) {
+    sm90::fp8_warp_kloop<MT, U, PIPE>(b.wb, b.sb, xrow, xok, c_first, c_end, cstep, K, t, acc);
+  }
+  static constexpr bool kScaledOutput = false;  // the sums as they are
+  static const int (&occupancy(Context& ctx))[3] { return ctx.setup().fp8_decode_occupancy; }
+};
 
-  __shared__ float red[kWarps * 8 * MT * 16];
-  float vals[MT];
-  reduce_warps<MT>(acc, red, vals);
-  if (!splitk_combine<MT>(vals, p.partials, p.counters, p.ksplit, split, p.row_blocks, rb)) return;
-  store_tile<MT>(vals, rb, p.M, p.N, p.y, p.ldy, p.y_bf16 != 0, 1.0f);
-}
-
-template <int MT, bool PIPE>
-__global__ void __launch_bounds__(128) fp8_decode_kernel(const Fp8DecodeParams p) {
-  fp8_decode_cta<MT, PIPE>(p, blockIdx.x, blockIdx.y);
-}
-
-// Two linears of one input in one launch (linear_fp8_pair): each CTA runs its linear's (row block,
-// split) as fp8_decode_kernel's grid would, with that linear's own partials and counters, so every
-// output has the bits of its own launch.
-template <int MT>
-__global__ void __launch_bounds__(128) fp8_decode_pair_kernel(const Fp8DecodeParams a, const Fp8DecodeParams b) {
-  int rb, split;
-  if (sm90::pair_cta(a.row_blocks, a.ksplit, b.row_blocks, rb, split))
-    fp8_decode_cta<MT, true>(a, rb, split);
-  else
-    fp8_decode_cta<MT, true>(b, rb, split);
+Fp8DecodeParams decode_params(const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
+                              int64_t ldy, OutType out) {
+  Fp8DecodeParams p{};
+  static_cast<Fp8Args&>(p) = fp8_args(w, x, M, ldx, y, ldy, out);
+  return p;
 }
 
 // Expands rows of row blocks [rb0, rb0+row_blocks) to bf16 [rows, K] at
@@ -131,64 +97,15 @@ __global__ void fp8_dequant_kernel(const uint4* w, const float* s, int64_t chunk
 // row's bits then never depend on the size of the slice it ran in, and the
 // prefill kernel reproduces them (sm90_fp8_prefill.cu). decode_split
 // (linear_host.cuh) gives every MT the one-token kernel's split, as for NVFP4.
-bool fp8_decode_unsplit(Context& ctx, const DeviceFp8Linear& w) {
-  return w.row_blocks >= int64_t(ctx.sm_count()) * 8;
-}
 SplitK fp8_decode_split(Context& ctx, const DeviceFp8Linear& w) {
-  return decode_split(ctx.sm_count(), ctx.setup().fp8_decode_occupancy, w.row_blocks, w.chunks);
-}
-
-template <int MT>
-void launch_decode(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
-                   int64_t ldy, OutType out) {
-  Fp8DecodeParams p{};
-  static_cast<Fp8Args&>(p) = fp8_args(w, x, M, ldx, y, ldy, out);
-  if (fp8_decode_unsplit(ctx, w)) {
-    // Many row blocks (wq_b): one CTA per row block, no split, the plain loop.
-    p.ksplit = 1;
-    p.chunks_per_split = int(w.chunks);
-    launch_kernel(ctx, fp8_decode_kernel<MT, false>, dim3(unsigned(w.row_blocks)), dim3(128), 0, "fp8_decode_kernel",
-                  p);
-    return;
-  }
-  const SplitK sk = fp8_decode_split(ctx, w);
-  p.ksplit = int(sk.ksplit);
-  p.chunks_per_split = int(sk.per);
-  if (sk.ksplit > 1) {
-    p.partials = ctx.splitk_partials(size_t(sk.ksplit * w.row_blocks * 128 * MT));
-    p.counters = ctx.splitk_counters(size_t(w.row_blocks));
-  }
-  dim3 grid(unsigned(w.row_blocks), unsigned(sk.ksplit));
-  launch_kernel(ctx, fp8_decode_kernel<MT, true>, grid, dim3(128), 0, "fp8_decode_kernel", p);
-}
-
-// The pair launch of one slice of at most 32 tokens; false (nothing launched) when the two split-K
-// workspaces do not fit side by side.
-template <int MT>
-bool launch_decode_pair(Context& ctx, const DeviceFp8Linear& wa, const DeviceFp8Linear& wb, const uint16_t* x,
-                        int64_t M, int64_t ldx, void* ya, int64_t ldya, void* yb, int64_t ldyb, OutType out) {
-  Fp8DecodeParams p[2]{};
-  const DeviceFp8Linear* w[2] = {&wa, &wb};
-  void* y[2] = {ya, yb};
-  const int64_t ldy[2] = {ldya, ldyb};
-  for (int k = 0; k < 2; ++k) {
-    static_cast<Fp8Args&>(p[k]) = fp8_args(*w[k], x, M, ldx, y[k], ldy[k], out);
-    const SplitK sk = fp8_decode_split(ctx, *w[k]);
-    p[k].ksplit = int(sk.ksplit);
-    p[k].chunks_per_split = int(sk.per);
-  }
-  if (!decode_pair_workspace(ctx, p[0], p[1], MT)) return false;
-  const int64_t ctas = int64_t(p[0].row_blocks) * p[0].ksplit + int64_t(p[1].row_blocks) * p[1].ksplit;
-  launch_kernel(ctx, fp8_decode_pair_kernel<MT>, dim3(unsigned(ctas)), dim3(128), 0, "fp8_decode_pair_kernel", p[0],
-                p[1]);
-  return true;
+  return decode_split(ctx.sm_count(), Fp8Format::occupancy(ctx), w.row_blocks, w.chunks);
 }
 
 // The decode kernel over 32-token slices (MT = 1, 2 or 4 by slice size).
 void decode_slices(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                    int64_t ldy, OutType out) {
   decode_in_slices(x, M, ldx, y, ldy, out, [&](auto mt, const uint16_t* xs, int64_t mm, void* ys) {
-    launch_decode<decltype(mt)::value>(ctx, w, xs, mm, ldx, ys, ldy, out);
+    launch_decode<Fp8Format, decltype(mt)::value>(ctx, decode_params(w, xs, mm, ldx, ys, ldy, out));
   });
 }
 
@@ -197,9 +114,7 @@ void decode_slices(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, in
 // The occupancies size the split-K scratch (cuda_util.cu); the split itself
 // takes the one-token kernel's for every MT (fp8_decode_split).
 void setup_fp8_decode_kernels(KernelSetup& s) {
-  CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.fp8_decode_occupancy[0], fp8_decode_kernel<1, true>, 128, 0));
-  CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.fp8_decode_occupancy[1], fp8_decode_kernel<2, true>, 128, 0));
-  CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.fp8_decode_occupancy[2], fp8_decode_kernel<4, true>, 128, 0));
+  decode_occupancy<Fp8Format>(s.fp8_decode_occupancy);
   setup_fp8_prefill_kernels();
 }
 
@@ -240,7 +155,8 @@ void dequant_fp8_bf16(Context& ctx, const DeviceFp8Linear& w, int64_t row0, int6
 bool linear_fp8_pair(Context& ctx, const DeviceFp8Linear& wa, const DeviceFp8Linear& wb, const uint16_t* x, int64_t M,
                      int64_t ldx, void* ya, int64_t ldya, void* yb, int64_t ldyb, OutType out) {
   return decode_pair(ctx, wa, wb, x, M, ldx, ldya, ldyb, [&](auto mt) {
-    return launch_decode_pair<decltype(mt)::value>(ctx, wa, wb, x, M, ldx, ya, ldya, yb, ldyb, out);
+    return launch_decode_pair<Fp8Format, decltype(mt)::value>(ctx, decode_params(wa, x, M, ldx, ya, ldya, out),
+                                                              decode_params(wb, x, M, ldx, yb, ldyb, out));
   });
 }
 

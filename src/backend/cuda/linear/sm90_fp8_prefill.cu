@@ -1,4 +1,4 @@
-// FP8 128x128-block linear, prefill kernel (see cuda_fp8_linear.h).
+// FP8 128x128-block linear, prefill kernel (see linear.h).
 //
 // At prefill (M in the thousands) the decode kernel (sm90_fp8_linear.cu) runs
 // on 32-token slices and re-reads and re-expands every weight chunk once per

@@ -1,12 +1,6 @@
-// NVFP4 linear kernels for Hopper (see cuda_linear.h).
-//
-// Decode kernel: one CTA (4 warps) owns a 16-row block and a K range; each
-// warp walks 64-wide chunks of that range, issuing the 16-byte weight loads
-// of several chunks before expanding any of them, so many loads are in
-// flight per SM. The 4 warps reduce through shared memory; when K is split
-// across CTAs (small N) each CTA writes its partial tile and the last CTA to
-// arrive for that row block sums the partials in a fixed order (deterministic)
-// and writes the output, so a whole linear is one launch.
+// NVFP4 linear kernels for Hopper (see linear.h): the decode kernel's NVFP4 format (the kernel itself
+// is sm90_decode.cuh's, shared with FP8), the exact BF16 expansion for the cuBLAS prefill, random
+// weights for the benchmarks, and the choice of prefill path.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -14,8 +8,8 @@
 #include "backend/cuda/linear/linear.h"
 #include "backend/cuda/core/kernel_setup.h"
 #include "backend/cuda/linear/linear_host.cuh"
+#include "backend/cuda/linear/sm90_decode.cuh"
 #include "backend/cuda/linear/sm90_nvfp4.cuh"
-#include "backend/cuda/linear/sm90_splitk.cuh"
 
 namespace cm::cuda {
 
@@ -40,74 +34,36 @@ struct DecodeParams {
   unsigned* counters;
 };
 
-constexpr int kWarps = 4;
-
-template <int MT>
-struct Unroll {
-  static constexpr int value = MT == 1 ? 4 : 2;
-};
-
-// PIPE: pipelined chunk loop (used with split-K for matrices with few row
-// blocks); !PIPE: plain loop with more resident warps (many row blocks).
-// One CTA's work: row block rb, K split `split` of the linear p.
-template <int MT, bool PIPE>
-__device__ __forceinline__ void nvfp4_decode_cta(const DecodeParams& p, const int rb, const int split) {
-  using namespace sm90;
-  constexpr int U = Unroll<MT>::value;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t c_begin = int64_t(split) * p.chunks_per_split;
-  const int64_t c_end = min(p.chunks, c_begin + p.chunks_per_split);
-  const int64_t xcol = int64_t(rb * 16 / p.rows_per_group) * p.K + 16 * t;
-  // Weights never depend on earlier kernels: start pulling this CTA's slice
-  // into L2 now, then wait for the previous kernel (programmatic dependent
-  // launch; a no-op without it) before reading x or the split-K workspace.
-  if (threadIdx.x == 0 && c_end > c_begin) {
-    const int64_t u0 = int64_t(rb) * p.chunks + c_begin, n = c_end - c_begin;
+// How the NVFP4 decode kernel (sm90_decode.cuh) reads a K chunk: one 16-byte word of E2M1 codes per
+// lane (512 bytes a 16-row chunk) and its 16-bit scale pair, expanded by chunk_mma (sm90_nvfp4.cuh).
+struct Nvfp4Format {
+  using Params = DecodeParams;
+  template <int MT, bool PIPE>
+  static constexpr int kUnroll = MT == 1 ? 4 : 2;
+  static constexpr const char* kName = "nvfp4_decode_kernel";
+  static constexpr const char* kPairName = "nvfp4_decode_pair_kernel";
+  struct Block {
+    const uint4* wb[1];
+    const uint16_t* sb[1];
+  };
+  static __device__ __forceinline__ void prefetch(const Params& p, int64_t u0, int64_t n) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.w + u0 * 32), "r"(uint32_t(n * 512)) : "memory");
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.s + u0 * 32), "r"(uint32_t(n * 64)) : "memory");
   }
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
-
-  const uint4* const wb[1] = {p.w + int64_t(rb) * p.chunks * 32 + lane};
-  const uint16_t* const sb[1] = {p.s + int64_t(rb) * p.chunks * 32 + g * 4 + t};
-  const __nv_bfloat16* xrow[MT];
-  bool xok[MT];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int tok = g + 8 * mt;
-    xok[mt] = tok < p.M;
-    xrow[mt] = p.x + int64_t(xok[mt] ? tok : 0) * p.ldx + xcol;
+  static __device__ __forceinline__ Block block(const Params& p, int rb, int lane, int g, int t) {
+    return Block{{p.w + int64_t(rb) * p.chunks * 32 + lane}, {p.s + int64_t(rb) * p.chunks * 32 + g * 4 + t}};
   }
-  float acc[1][MT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) acc[0][mt][0] = acc[0][mt][1] = acc[0][mt][2] = acc[0][mt][3] = 0.f;
-  warp_kloop<MT, U, 1, PIPE>(wb, sb, xrow, xok, c_begin + warp, c_end, kWarps, p.K, t, acc);
-
-  __shared__ float red[kWarps * 8 * MT * 16];
-  float vals[MT];
-  reduce_warps<MT>(acc[0], red, vals);
-
-  if (!splitk_combine<MT>(vals, p.partials, p.counters, p.ksplit, split, p.row_blocks, rb)) return;
-  store_tile<MT>(vals, rb, p.M, p.N, p.y, p.ldy, p.y_bf16 != 0, p.out_scale);
-}
-
-template <int MT, bool PIPE>
-__global__ void __launch_bounds__(128) nvfp4_decode_kernel(const DecodeParams p) {
-  nvfp4_decode_cta<MT, PIPE>(p, blockIdx.x, blockIdx.y);
-}
-
-// Two linears of one input in one launch (linear_nvfp4_pair): each CTA runs its linear's (row block,
-// split) as nvfp4_decode_kernel's grid would, with that linear's own partials and counters, so every
-// output has the bits of its own launch.
-template <int MT>
-__global__ void __launch_bounds__(128) nvfp4_decode_pair_kernel(const DecodeParams a, const DecodeParams b) {
-  int rb, split;
-  if (sm90::pair_cta(a.row_blocks, a.ksplit, b.row_blocks, rb, split))
-    nvfp4_decode_cta<MT, true>(a, rb, split);
-  else
-    nvfp4_decode_cta<MT, true>(b, rb, split);
-}
+  template <int MT, int U, bool PIPE>
+  static __device__ __forceinline__ void kloop(const Block& b, const __nv_bfloat16* const (&xrow)[MT],
+                                               const bool (&xok)[MT], int64_t c_first, int64_t c_end, int64_t cstep,
+                                               int64_t K, int t, float (&acc)[MT][4]) {
+    sm90::warp_kloop<MT, U, 1, PIPE>(b.wb, b.sb, xrow, xok, c_first, c_end, cstep, K, t,
+                                     *reinterpret_cast<float(*)[1][MT][4]>(&acc));
+  }
+  static constexpr bool kScaledOutput = true;
+  static __device__ __forceinline__ float out_scale(const Params& p) { return p.out_scale; }
+  static const int (&occupancy(Context& ctx))[3] { return ctx.setup().nvfp4_decode_occupancy; }
+};
 
 // Expands rows [row0, row0+rows) (row0 % 16 == 0) to bf16 [rows, K], exact.
 __global__ void nvfp4_dequant_kernel(const uint4* w, const uint16_t* s, int64_t chunks, int N, int K, int64_t rb0,
@@ -191,56 +147,10 @@ DecodeParams decode_params(const DeviceLinear& w, const uint16_t* x, int64_t M, 
   return p;
 }
 
-template <int MT>
-void launch_decode(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
-                   OutType out) {
-  DecodeParams p = decode_params(w, x, M, ldx, y, ldy, out);
-  if (w.row_blocks >= int64_t(ctx.sm_count()) * 8) {
-    // Many row blocks (wq_b, the LM head): one CTA per row block, no split,
-    // the plain loop (measured faster here than the pipelined one).
-    p.ksplit = 1;
-    p.chunks_per_split = int(w.chunks);
-    launch_kernel(ctx, nvfp4_decode_kernel<MT, false>, dim3(unsigned(w.row_blocks)), dim3(128), 0,
-                  "nvfp4_decode_kernel", p);
-    return;
-  }
-  // Split K so that about one wave of CTAs covers the matrix (linear_host.cuh).
-  const SplitK sk = decode_split(ctx.sm_count(), ctx.setup().nvfp4_decode_occupancy, w.row_blocks, w.chunks);
-  p.ksplit = int(sk.ksplit);
-  p.chunks_per_split = int(sk.per);
-  if (sk.ksplit > 1) {
-    p.partials = ctx.splitk_partials(size_t(sk.ksplit * w.row_blocks * 128 * MT));
-    p.counters = ctx.splitk_counters(size_t(w.row_blocks));
-  }
-  dim3 grid(unsigned(w.row_blocks), unsigned(sk.ksplit));
-  launch_kernel(ctx, nvfp4_decode_kernel<MT, true>, grid, dim3(128), 0, "nvfp4_decode_kernel", p);
-}
-
-// The pair launch of one slice of at most 32 tokens (the split-K path of both, as launch_decode
-// chooses it); false (nothing launched) when the two split-K workspaces do not fit side by side.
-template <int MT>
-bool launch_decode_pair(Context& ctx, const DeviceLinear& wa, const DeviceLinear& wb, const uint16_t* x, int64_t M,
-                        int64_t ldx, void* ya, int64_t ldya, void* yb, int64_t ldyb, OutType out) {
-  DecodeParams p[2] = {decode_params(wa, x, M, ldx, ya, ldya, out), decode_params(wb, x, M, ldx, yb, ldyb, out)};
-  const DeviceLinear* w[2] = {&wa, &wb};
-  for (int k = 0; k < 2; ++k) {
-    const SplitK sk = decode_split(ctx.sm_count(), ctx.setup().nvfp4_decode_occupancy, w[k]->row_blocks, w[k]->chunks);
-    p[k].ksplit = int(sk.ksplit);
-    p[k].chunks_per_split = int(sk.per);
-  }
-  if (!decode_pair_workspace(ctx, p[0], p[1], MT)) return false;
-  const int64_t ctas = int64_t(p[0].row_blocks) * p[0].ksplit + int64_t(p[1].row_blocks) * p[1].ksplit;
-  launch_kernel(ctx, nvfp4_decode_pair_kernel<MT>, dim3(unsigned(ctas)), dim3(128), 0, "nvfp4_decode_pair_kernel",
-                p[0], p[1]);
-  return true;
-}
-
 }  // namespace
 
 void setup_nvfp4_decode_kernels(KernelSetup& s) {
-  CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.nvfp4_decode_occupancy[0], nvfp4_decode_kernel<1, true>, 128, 0));
-  CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.nvfp4_decode_occupancy[1], nvfp4_decode_kernel<2, true>, 128, 0));
-  CM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.nvfp4_decode_occupancy[2], nvfp4_decode_kernel<4, true>, 128, 0));
+  decode_occupancy<Nvfp4Format>(s.nvfp4_decode_occupancy);
 }
 
 DeviceLinear upload_nvfp4(const LinearWeight& w, int groups) {
@@ -317,7 +227,8 @@ const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_m
 bool linear_nvfp4_pair(Context& ctx, const DeviceLinear& wa, const DeviceLinear& wb, const uint16_t* x, int64_t M,
                        int64_t ldx, void* ya, int64_t ldya, void* yb, int64_t ldyb, OutType out) {
   return decode_pair(ctx, wa, wb, x, M, ldx, ldya, ldyb, [&](auto mt) {
-    return launch_decode_pair<decltype(mt)::value>(ctx, wa, wb, x, M, ldx, ya, ldya, yb, ldyb, out);
+    return launch_decode_pair<Nvfp4Format, decltype(mt)::value>(ctx, decode_params(wa, x, M, ldx, ya, ldya, out),
+                                                                decode_params(wb, x, M, ldx, yb, ldyb, out));
   });
 }
 
@@ -329,7 +240,7 @@ void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_
   if (M <= 0) return;
   if (M <= decode_max_m) {
     decode_in_slices(x, M, ldx, y, ldy, out, [&](auto mt, const uint16_t* xs, int64_t mm, void* ys) {
-      launch_decode<decltype(mt)::value>(ctx, w, xs, mm, ldx, ys, ldy, out);
+      launch_decode<Nvfp4Format, decltype(mt)::value>(ctx, decode_params(w, xs, mm, ldx, ys, ldy, out));
     });
     return;
   }

@@ -1,4 +1,4 @@
-// NVFP4 linear prefill kernel with the decode kernel's bits (see cuda_linear.h,
+// NVFP4 linear prefill kernel with the decode kernel's bits (see linear.h,
 // linear_nvfp4_tiles).
 //
 // Why: the engine needs a token's logits not to depend on how many rows share
@@ -20,8 +20,8 @@
 // fill and the epilogue are paid once per CTA rather than once per tile (wq_b
 // has only 4 stages per tile).
 //
-// Bit identity with the decode kernel (nvfp4_decode_kernel in
-// sm90_nvfp4_linear.cu) for every output, whatever the tile:
+// Bit identity with the decode kernel (decode_kernel<Nvfp4Format> of
+// sm90_decode.cuh) for every output, whatever the tile:
 //  - the K split is decode_split's (linear_host.cuh): the same ksplit and
 //    chunks per split as the decode launches of this weight on this device;
 //  - within a split, warp kw walks chunks c_begin + kw, c_begin + kw + 4, ...

@@ -1,0 +1,176 @@
+// The CUDA backend's class (cuda_backend.h is its public face): what a step holds and the blocks it runs.
+// Its definitions, by concern: cuda_backend.cu (the step top to bottom, slots, graphs), cuda_reserve.cu
+// (reserve: every buffer of a reservation), cuda_attention_block.cu, cuda_moe_block.cu (the two halves of a
+// layer) and cuda_backend_notes.cu (named intermediates: the non-finite counts and the observer).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/core/cuda_util.h"
+#include "backend/cuda/core/op_timer.h"
+#include "backend/cuda/device_model.h"
+#include "backend/cuda/device_observer.h"
+#include "backend/cuda/step/step_kernels.h"
+#include "backend/step_plan.h"
+#include "ops/compressor.h"
+#include "ops/hc.h"
+
+namespace cm {
+
+using cuda::DeviceBuffer;
+using cuda::DevLinear;
+using cuda::Context;
+
+// Per layer, all slots: views into the state buffer (backend/step_plan.h's layout, bf16 rows).
+struct LayerState {
+  uint16_t* window = nullptr;  // bf16 [S, W, hd]
+  CompressorStateView comp, index;
+};
+
+// A named intermediate of this step: the count buffer row it was counted into.
+struct NoteTag {
+  const char* what = nullptr;
+  int64_t layer = -1;
+};
+
+class CudaBackend final : public ModelBackend {
+ public:
+  CudaBackend(const Model& m, const BackendOptions& opt, std::unique_ptr<cuda::DevModel> dm = nullptr,
+              cuda::OpTimer* timer = nullptr);
+  ~CudaBackend() override;
+  Device device() const override { return Device::CUDA; }
+  void reserve(const CacheShape& shape) override;
+  const CacheShape& shape() const override { return shape_; }
+  size_t bytes_per_slot(const CacheShape& shape) const override;
+  int64_t slot_pos(int32_t slot) const override;
+  void reset_slot(int32_t slot) override;
+  void copy_slot(int32_t from, int32_t to) override;
+  void step(const Batch& batch, float* logits_out) override;
+  size_t host_copies() const { return obs_.host_copies(); }
+
+ private:
+  // Activations for max_step_tokens rows (N), all device buffers.
+  struct Act {
+    DeviceBuffer plan;  // int32 [4N]: token, pos, slot, logit rows
+    // x: the hc streams after each layer; x_alt: after a layer's attention half (the fused hc_post
+    // writes out of place, hc_post_mix_cuda), then the head's gathered rows. normed_bf, qr_bf: the
+    // bf16 copies of normed and qr that their norms write for the FP8/NVFP4 linears (a row is cast
+    // once, not once per linear).
+    // normed_ffn, out_ffn: the MoE half's input and output (the attention half's normed and out stay
+    // as noted until the layer's one non-finite count, flush_counts).
+    DeviceBuffer x, x_alt, normed, normed_ffn, normed_bf, out, out_ffn, post, comb;
+    // u_bf, h_bf: wo_a's and the experts' SwiGLU outputs in bf16 when the next linear is FP8/NVFP4.
+    DeviceBuffer qr, qr_bf, qf, q_bf, kvf, kv_bf, o_bf, u, u_bf, h_bf;
+    DeviceBuffer ckv, cgate, ikv, igate, iqf, iq_bf, iw, iscore, sel, sel_score;
+    DeviceBuffer router, eidx, ew, we, g, up, ey, routed, sy, hc_part;
+    DeviceBuffer final_y, logits, cast, counts;
+    DeviceBuffer attn_ws;  // f32 partials of split (decode) attention; see attention_sink_cuda
+  };
+
+  void check_slot(int32_t slot, const char* what) const;
+  void attention(int64_t L, int64_t n, int64_t max_pos);
+  void moe(int64_t L, int64_t n);
+  void expert(const cuda::DevExpert& e, const float* x, const uint16_t* x_bf, int64_t n, float* y);
+  void linear(const DevLinear& w, const void* x, bool x_bf16, int64_t M, void* y, int64_t ldx = 0,
+              int64_t ldy = 0);
+  // Two linears of one bf16 input in one launch (run_linear_pair), timed as the op `label`; false, launching
+  // nothing, when they do not pair (the caller runs them apart).
+  bool linear_pair(const char* label, const DevLinear& a, const DevLinear& b, const uint16_t* x_bf, int64_t M,
+                   float* ya, float* yb);
+  // A linear over f32 rows x [M, K] that come with their bf16 copy xb: the FP8/NVFP4 linears read
+  // xb (the bits their own cast would make), the dense ones x.
+  void linear2(const DevLinear& w, const float* x, const uint16_t* xb, int64_t M, void* y) {
+    if (w.wants_bf16_input())
+      linear(w, xb, true, M, y);
+    else
+      linear(w, x, false, M, y);
+  }
+  // The named intermediates (cuda_backend_notes.cu): note() queues `what` of layer L ([n, width] rows,
+  // inner: a row's shape) for the non-finite count and hands its rows to the observer; flush_counts
+  // counts the queued ones in one launch; observe_entries hands the observer the compressed entries a
+  // step completed; first_non_finite names the first noted intermediate with a non-finite row.
+  void note(const char* what, int64_t layer, const void* data, bool bf16, int64_t width,
+            const std::vector<int64_t>& inner);
+  void observe_entries(int64_t L, const CompressorStateView& comp, const CompressorStateView* index);
+  std::string first_non_finite();
+  void flush_counts();
+  // Every kernel of a step from the embedding to the LM head (no host synchronisation): run eagerly,
+  // or captured into a graph by run_graph. max_pos bounds the indexer's grid (kernels also bound
+  // each row by its own position, so a larger value changes no result).
+  void forward(int64_t n, int64_t R, int64_t max_pos);
+  // Replays (capturing on first use) the graph of a step with n rows and R logits rows; false when
+  // kMaxGraphs other shapes are kept already (the caller runs the step eagerly).
+  bool run_graph(int64_t n, int64_t R);
+  void clear_graphs();
+
+  const Model& m_;
+  BackendOptions opt_;
+  std::unique_ptr<Context> ctx_;
+  std::unique_ptr<cuda::DevModel> dm_;
+  std::unique_ptr<cuda::MoeScratch> moe_scratch_;
+  CacheShape shape_{0, 0, 0};
+  StateLayout layout_;
+  DeviceBuffer state_;
+  std::vector<LayerState> layers_;
+  std::vector<int64_t> pos_;
+  Act act_;
+  int32_t* plan_host_ = nullptr;  // pinned [4N]
+  StepPlan plan_;
+  std::vector<NoteTag> notes_;
+  size_t max_notes_ = 0;
+  cuda::NonFiniteBatch pending_counts_;  // noted, not yet counted (flush_counts)
+  // Captured steps by (rows, logits rows), each with the notes its capture made (their names);
+  // cleared by reserve() (a new reservation moves every buffer the graphs point to).
+  struct StepGraph {
+    cudaGraphExec_t exec = nullptr;
+    std::vector<NoteTag> notes;
+  };
+  std::map<std::pair<int64_t, int64_t>, StepGraph> graphs_;
+  cuda::DeviceObserver obs_;  // the observer's path; every device-to-host copy
+  cuda::OpTimer* timer_ = nullptr;
+  int64_t n_ = 0;  // rows of the current step
+  const int32_t *d_token_ = nullptr, *d_pos_ = nullptr, *d_slot_ = nullptr, *d_rows_ = nullptr;
+};
+
+template <typename T>
+inline T* P(const DeviceBuffer& b) {
+  return b.as<T>();
+}
+
+inline HcParams hc_params(const Config& c, const cuda::DevF32& fn, const cuda::DevF32& base, const cuda::DevF32& scale) {
+  return HcParams{fn.p(), base.p(), scale.p(), c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps,
+                  c.rms_norm_eps};
+}
+
+// "l<L>.s<slot>.<what>" (layer < 0: "s<slot>.<what>"), the CPU backend's names.
+inline std::string note_name(const char* what, int64_t layer, int32_t slot) {
+  return layer >= 0 ? cuda::strf("l%lld.s%d.%s", (long long)layer, slot, what) : cuda::strf("s%d.%s", slot, what);
+}
+
+using cuda::gib;
+
+// Device memory for the Context's workspaces and the CUDA runtime, counted when the weights load
+// (before the Context exists); reserve() counts the Context's real bytes.
+constexpr size_t kWorkingBytes = size_t(256) << 20;
+
+// Steps of up to kGraphMaxRows rows run as CUDA graphs (decode batches and short prefill chunks: the
+// launches of a ~1,500-kernel step cost more than the kernels at small batches); at most kMaxGraphs
+// distinct (rows, logits rows) shapes are kept, further shapes run eagerly.
+using cuda::kGraphMaxRows;
+constexpr size_t kMaxGraphs = 64;
+
+// A linear's op label: its name without the "layers.<L>." prefix ("attn.wq_a"), a pointer into the name.
+inline const char* op_label(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return name.c_str();
+  const size_t dot = name.find('.', 7);
+  return dot == std::string::npos ? name.c_str() : name.c_str() + dot + 1;
+}
+
+
+}  // namespace cm

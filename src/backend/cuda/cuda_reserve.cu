@@ -1,0 +1,128 @@
+// CudaBackend::reserve: every device buffer of a reservation (activations for max_step_tokens rows, the
+// per-slot state of backend/step_plan.h's layout, the MoE scratch), checked against the memory budget
+// before anything is allocated.
+#include "backend/cuda/cuda_backend_impl.h"
+
+#include <algorithm>
+
+#include "backend/cuda/core/cuda_errors.h"
+#include "ops/attention.h"
+
+namespace cm {
+
+void CudaBackend::reserve(const CacheShape& shape) {
+  const Config& c = m_.config;
+  check_reserve(shape, c);
+  CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
+  clear_graphs();  // they point into the buffers this reservation replaces
+  // Drop the old buffers first so their memory counts as free.
+  shape_ = CacheShape{0, 0, 0};
+  state_.release();
+  act_ = Act{};
+  moe_scratch_.reset();
+  if (plan_host_) CM_CUDA(cudaFreeHost(plan_host_));
+  plan_host_ = nullptr;
+
+  const int64_t N = shape.max_step_tokens, S = shape.max_slots, D = c.hidden_size, hc = c.hc_mult;
+  const int64_t H = c.num_heads, hd = c.head_dim, E = c.n_routed_experts, K = c.n_experts_per_tok;
+  const int64_t I = c.moe_inter, ih = c.index_head_dim, inh = c.index_n_heads, G = c.o_groups, ol = c.o_lora_rank;
+  const StateLayout layout = make_state_layout(c, S, shape.max_ctx, 2);
+  int64_t max_ie = 1;
+  for (const LayerStateLayout& ll : layout.layers)
+    if (ll.index.present()) max_ie = std::max(max_ie, ll.index.max_entries);
+  const bool dense_moe = std::any_of(dm_->layers.begin(), dm_->layers.end(),
+                                     [](const cuda::DevLayer& l) { return !l.experts; });
+  // Split attention partials for up to 64 tokens of the longest layer's candidates (window + top-k, or
+  // window + every HCA entry at max_ctx), at most 256 MiB; a step that needs more takes the in-CTA path.
+  int64_t max_cand = 0;
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    const AttnKind k = c.attn_kinds[size_t(L)];
+    const int64_t comp = k == AttnKind::CSA   ? c.index_topk
+                         : k == AttnKind::HCA ? layout.layers[size_t(L)].comp.max_entries
+                                              : 0;
+    max_cand = std::max(max_cand, c.sliding_window + comp);
+  }
+  const int64_t attn_ws_floats =
+      std::min(attention_split_floats(H, hd, max_cand, std::min<int64_t>(N, 64)), int64_t(64) << 20);
+  max_notes_ = size_t(2 + 16 * c.num_layers);
+  const int64_t max_k = std::max({D, c.q_lora_rank, H * hd, G * ol, I});
+  // Every activation buffer: name, bytes.
+  struct Want {
+    DeviceBuffer* buf;
+    int64_t bytes;
+  };
+  Act& a = act_;
+  const std::vector<Want> wants = {
+      {&a.plan, 4 * N * 4},           {&a.x, N * hc * D * 4},        {&a.x_alt, N * hc * D * 4},
+      {&a.normed, N * D * 4},         {&a.normed_bf, N * D * 2},     {&a.qr_bf, N * c.q_lora_rank * 2},
+      {&a.out, N * D * 4},            {&a.post, N * hc * 4},         {&a.normed_ffn, N * D * 4},
+      {&a.out_ffn, N * D * 4},
+      {&a.comb, N * hc * hc * 4},     {&a.qr, N * c.q_lora_rank * 4}, {&a.qf, N * H * hd * 4},
+      {&a.q_bf, N * H * hd * 2},      {&a.kvf, N * hd * 4},          {&a.kv_bf, N * hd * 2},
+      {&a.o_bf, N * H * hd * 2},      {&a.u, N * G * ol * 4},        {&a.u_bf, N * G * ol * 2},
+      {&a.h_bf, N * I * 2},        {&a.ckv, N * 2 * hd * 4},
+      {&a.cgate, N * 2 * hd * 4},     {&a.ikv, N * 2 * ih * 4},      {&a.igate, N * 2 * ih * 4},
+      {&a.iqf, N * inh * ih * 4},     {&a.iq_bf, N * inh * ih * 2},  {&a.iw, N * inh * 4},
+      {&a.iscore, N * max_ie * 4},    {&a.sel, N * c.index_topk * 4}, {&a.sel_score, N * c.index_topk * 4},
+      {&a.router, N * E * 4},         {&a.eidx, N * K * 4},          {&a.ew, N * K * 4},
+      {&a.we, dense_moe ? E * N * 4 : 0}, {&a.g, N * I * 4},
+      {&a.up, N * I * 4},             {&a.ey, N * D * 4},            {&a.routed, N * D * 4},
+      {&a.sy, N * D * 4},             {&a.final_y, N * D * 4},
+      {&a.logits, N * c.vocab_size * 4}, {&a.cast, N * max_k * 2},   {&a.counts, int64_t(max_notes_) * N * 4},
+      {&a.hc_part, int64_t(hc_mix_scratch_floats(hc, D, N)) * 4},
+      {&a.attn_ws, attn_ws_floats * 4},
+  };
+  size_t act_bytes = 0;
+  for (const Want& w : wants) act_bytes += size_t(w.bytes);
+  const size_t state_bytes = layout.bytes;
+  const cuda::DevLayer* packed = nullptr;
+  for (const cuda::DevLayer& l : dm_->layers)
+    if (l.experts) packed = &l;
+  const size_t moe_bytes = packed ? size_t(N * K) * size_t(2 * I + 4 * D + 8) + size_t(E) * 64 : 0;
+  // The whole backend against the budget: what it holds (weights, Context) plus this reservation,
+  // with 64 MiB to spare for the CUDA runtime.
+  const size_t held = dm_->total_bytes + ctx_->device_bytes();
+  const size_t work = act_bytes + moe_bytes + obs_.reserve_bytes() + ctx_->device_bytes() + (size_t(64) << 20);
+  cuda::check_memory(cuda::memory_budget(opt_.gpu_memory_utilization, held), dm_->total_bytes + state_bytes + work,
+                     cuda::strf("weights %s, per-slot state %s for %lld slots of %lld tokens, activations and "
+                                "workspaces %s for %lld-token steps",
+                                gib(dm_->total_bytes).c_str(), gib(state_bytes).c_str(), (long long)S,
+                                (long long)shape.max_ctx, gib(work).c_str(), (long long)N));
+
+  for (const Want& w : wants) w.buf->alloc(size_t(std::max<int64_t>(w.bytes, 4)));
+  if (packed) moe_scratch_ = std::make_unique<cuda::MoeScratch>(*packed->experts, int(N), int(K));
+  state_.alloc(std::max<size_t>(state_bytes, 4));
+  state_.zero();
+  a.counts.zero();
+  obs_.reserve();
+  CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&plan_host_), size_t(4 * N) * 4));
+
+  // Per-layer state views into the shared layout (slot-major tensors).
+  layout_ = layout;
+  layers_.assign(size_t(c.num_layers), LayerState{});
+  void* base = state_.get();
+  auto comp = [&](CompressorStateView& v, const CompressorLayout& cl) {
+    v.ratio = cl.ratio, v.c = cl.c, v.dc = cl.dc, v.max_slots = S, v.max_entries = cl.max_entries;
+    v.pend_kv = layout_.at<float>(base, cl.pend_kv, 0);
+    v.pend_gate = layout_.at<float>(base, cl.pend_gate, 0);
+    v.entries = layout_.at<uint16_t>(base, cl.entries, 0);
+  };
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    const LayerStateLayout& ll = layout_.layers[size_t(L)];
+    LayerState& ls = layers_[size_t(L)];
+    ls.window = layout_.at<uint16_t>(base, ll.window, 0);
+    if (ll.comp.present()) comp(ls.comp, ll.comp);
+    if (ll.index.present()) comp(ls.index, ll.index);
+  }
+  pos_.assign(size_t(S), 0);
+  plan_.reserve(shape);
+  notes_.clear();
+  notes_.reserve(max_notes_);
+  d_token_ = P<int32_t>(a.plan);
+  d_pos_ = d_token_ + N;
+  d_slot_ = d_pos_ + N;
+  d_rows_ = d_slot_ + N;
+  shape_ = shape;
+}
+
+}  // namespace cm
