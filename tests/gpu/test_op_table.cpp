@@ -42,7 +42,9 @@ TEST_P(GpuOp, Check) {
       if (!(all && std::string(all) == "1") && case_seed(c) % 4 != 0)
         GTEST_SKIP() << "huge case, not in this seed's sample (CLAWMINE_OPTABLE_HUGE=1 runs every one)";
     }
-    cuda::Context ctx;
+    // one Context for the whole table (its setup costs more than most cases), never destroyed: no
+    // teardown after the CUDA runtime's at exit
+    static cuda::Context& ctx = *new cuda::Context;
     optable::MakeOptions o;
     o.seed = case_seed(c);
     std::unique_ptr<optable::OpRun> run = c.make(ctx, o);
