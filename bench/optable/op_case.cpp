@@ -118,6 +118,7 @@ const std::vector<OpCase>& all_cases() {
   static const std::vector<OpCase> cases = [] {
     std::vector<OpCase> v;
     add_linear_cases(v);
+    add_pair_cases(v);
     add_moe_cases(v);
     add_basic_cases(v);
     std::set<std::string> seen;

@@ -105,5 +105,6 @@ std::string case_name(const std::string& prefix, const std::vector<std::pair<std
 void add_linear_cases(std::vector<OpCase>& out);
 void add_moe_cases(std::vector<OpCase>& out);
 void add_basic_cases(std::vector<OpCase>& out);
+void add_pair_cases(std::vector<OpCase>& out);
 
 }  // namespace cm::optable
