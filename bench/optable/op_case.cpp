@@ -121,6 +121,7 @@ const std::vector<OpCase>& all_cases() {
     add_pair_cases(v);
     add_moe_cases(v);
     add_basic_cases(v);
+    add_fused_cases(v);
     std::set<std::string> seen;
     for (const OpCase& c : v) {
       CM_CHECK(seen.insert(c.name).second, "op table: duplicate case name {}", c.name);

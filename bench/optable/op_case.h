@@ -106,5 +106,6 @@ void add_linear_cases(std::vector<OpCase>& out);
 void add_moe_cases(std::vector<OpCase>& out);
 void add_basic_cases(std::vector<OpCase>& out);
 void add_pair_cases(std::vector<OpCase>& out);
+void add_fused_cases(std::vector<OpCase>& out);
 
 }  // namespace cm::optable
