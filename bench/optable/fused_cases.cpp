@@ -33,36 +33,9 @@
 namespace cm::optable {
 namespace {
 
-template <typename T>
-void same(Checker& c, const std::vector<T>& a, const std::vector<T>& b, const std::string& what) {
-  if (a.size() != b.size()) {
-    c.expect(false, what + ": sizes differ");
-    return;
-  }
-  c.same_bits(a.data(), b.data(), a.size() * sizeof(T), what);
-}
-
-void err(Checker& c, const std::string& op, const std::string& shape, double e, double bound) {
-  c.err(op + " " + shape + " max|d|/max|ref|", e, bound);
-}
-
-template <typename F>
-void throws(Checker& c, F&& f, const std::string& what) {
-  bool threw = false;
-  try {
-    f();
-  } catch (const Error&) {
-    threw = true;
-  }
-  c.expect(threw, what + ": expected cm::Error");
-}
-
-
-
 std::string shape(int64_t tokens, int64_t hc, int64_t dim) {
   return "tokens=" + std::to_string(tokens) + " hc=" + std::to_string(hc) + " dim=" + std::to_string(dim);
 }
-
 
 void NormWithBf16CopyGivesTheCastBits(cuda::Context& ctx, Checker& k) {
     Rng r(11);
@@ -339,24 +312,15 @@ void HcFinishWithNormGivesTheUnfusedBits(cuda::Context& ctx, Checker& k) {
                                 bs.as<float>(), HcNormOut{nullptr, 1e-6f, by.as<float>(), nullptr}); }, "refusal");
 }
 
-OpCase fused_case(const std::string& name, void (*fn)(cuda::Context&, Checker&)) {
-  OpCase c;
-  c.family = "fused";
-  c.name = "fused_" + name;
-  c.metric = "bits vs the unfused kernels; max|d|/max|ref| vs the CPU (1e-5 f32, 1e-4 mHC, 8e-3 bf16)";
-  c.check_only = true;
-  c.bench = false;
-  c.make = [fn](cuda::Context&, const MakeOptions&) { return check_only_run(fn); };
-  return c;
-}
 
 }  // namespace
 
 void add_fused_cases(std::vector<OpCase>& out) {
-  add_case(out, fused_case("norm_with_bf16_copy", NormWithBf16CopyGivesTheCastBits));
-  add_case(out, fused_case("two_norms_one_launch", TwoNormsInOneLaunchGiveTheirOwnBits));
-  add_case(out, fused_case("hc_post_with_next_pre_partials", HcPostWithNextPrePartialsGivesTheUnfusedBits));
-  add_case(out, fused_case("hc_finish_with_norm", HcFinishWithNormGivesTheUnfusedBits));
+  const char* kFusedMetric = "bits vs the unfused kernels; max|d|/max|ref| vs the CPU (1e-5 f32, 1e-4 mHC, 8e-3 bf16)";
+  add_case(out, check_only_case("fused", "norm_with_bf16_copy", NormWithBf16CopyGivesTheCastBits, kFusedMetric));
+  add_case(out, check_only_case("fused", "two_norms_one_launch", TwoNormsInOneLaunchGiveTheirOwnBits, kFusedMetric));
+  add_case(out, check_only_case("fused", "hc_post_with_next_pre_partials", HcPostWithNextPrePartialsGivesTheUnfusedBits, kFusedMetric));
+  add_case(out, check_only_case("fused", "hc_finish_with_norm", HcFinishWithNormGivesTheUnfusedBits, kFusedMetric));
 }
 
 }  // namespace cm::optable

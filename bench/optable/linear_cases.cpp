@@ -540,17 +540,6 @@ void fp8_run_linear_chunks(cuda::Context& ctx, Checker& c) {
   c.same_bits(whole.data(), pre.data(), whole.size(), "whole vs the prefill kernel");
 }
 
-OpCase check_case(const std::string& family, const std::string& name, std::function<void(cuda::Context&, Checker&)> fn,
-                  const std::string& metric = "bits") {
-  OpCase c;
-  c.family = family;
-  c.name = family + "_" + name;
-  c.metric = metric;
-  c.check_only = true;
-  c.bench = false;
-  c.make = [fn](cuda::Context&, const MakeOptions&) { return check_only_run(fn); };
-  return c;
-}
 
 OpCase host_case(const std::string& family, const std::string& name, std::function<void(Checker&)> fn) {
   OpCase c;
@@ -626,13 +615,13 @@ void add_linear_cases(std::vector<OpCase>& out) {
   grid(out, nv, {{96, 64 * 7, 3}, {16900, 80, 1}}, {65, 1000});
   grid(out, nv, {{10000, 192, 1}}, {129});
   for (Shape s : {w13, w2, q_a, wo_b, wo_a, Shape{100, 1008, 1}})
-    add_case(out, check_case("linear_nvfp4", case_name("decode_invariance", {{"N", s.N}, {"K", s.K}, {"G", s.G}}),
+    add_case(out, check_only_case("linear_nvfp4", case_name("decode_invariance", {{"N", s.N}, {"K", s.K}, {"G", s.G}}),
                              [s](cuda::Context& ctx, Checker& c) { decode_invariance(ctx, c, s); }));
-  add_case(out, check_case("linear_nvfp4", "dispatch", nvfp4_dispatch, "exact"));
+  add_case(out, check_only_case("linear_nvfp4", "dispatch", nvfp4_dispatch, "exact"));
   for (bool pdl : {true, false}) {
-    add_case(out, check_case("linear_nvfp4", std::string("chained_decode_pdl") + (pdl ? "1" : "0"),
+    add_case(out, check_only_case("linear_nvfp4", std::string("chained_decode_pdl") + (pdl ? "1" : "0"),
                              [pdl](cuda::Context&, Checker& c) { chained_decode(c, pdl); }, "||y-ref||/||ref|| 2e-3"));
-    add_case(out, check_case("linear_nvfp4", std::string("chained_tiles_pdl") + (pdl ? "1" : "0"),
+    add_case(out, check_only_case("linear_nvfp4", std::string("chained_tiles_pdl") + (pdl ? "1" : "0"),
                              [pdl](cuda::Context&, Checker& c) { chained_tiles(c, pdl); }));
   }
   add_case(out, host_case("linear_nvfp4", "packed_layout", [](Checker& c) {
@@ -675,7 +664,7 @@ void add_linear_cases(std::vector<OpCase>& out) {
     mx.e_hi = hi;
     grid(out, mx, {{N, K, 1}}, {1, 7, 9, 17, 33, 64, 65, 100});
   }
-  add_case(out, check_case("linear_mxfp4", "dequant_panel", mxfp4_panel));
+  add_case(out, check_only_case("linear_mxfp4", "dequant_panel", mxfp4_panel));
 
   // ---- FP8 128x128 blocks ----
   Spec f8;
@@ -720,10 +709,10 @@ void add_linear_cases(std::vector<OpCase>& out) {
   grid(out, f8, {wo_a, wo_b, q_b, fp8_sh, q_a}, {129, 2048});
   f8.scales = Fp8Scales::F32_ANY;
   grid(out, f8, {fp8_sh, wo_a}, {1000});
-  add_case(out, check_case("linear_fp8", "dequant_panel", fp8_panel));
-  add_case(out, check_case("linear_fp8", "splitk_deterministic", fp8_splitk_deterministic));
-  add_case(out, check_case("linear_fp8", "split_and_unsplit_k", fp8_split_cover, "exact"));
-  add_case(out, check_case("linear_fp8", "run_linear_chunks", fp8_run_linear_chunks));
+  add_case(out, check_only_case("linear_fp8", "dequant_panel", fp8_panel));
+  add_case(out, check_only_case("linear_fp8", "splitk_deterministic", fp8_splitk_deterministic));
+  add_case(out, check_only_case("linear_fp8", "split_and_unsplit_k", fp8_split_cover, "exact"));
+  add_case(out, check_only_case("linear_fp8", "run_linear_chunks", fp8_run_linear_chunks));
   add_case(out, host_case("linear_fp8", "upload_rejects_bad_groups", [](Checker& c) {
     LinearWeight w = testw::random_fp8(160, 64, 1, Fp8Scales::E8M0, "layers.0.attn.wo_a");
     std::string what;

@@ -94,6 +94,18 @@ std::unique_ptr<OpRun> check_only_run(std::function<void(cuda::Context&, Checker
   return std::make_unique<FnRun>(std::move(fn));
 }
 
+OpCase check_only_case(const std::string& family, const std::string& name,
+                       std::function<void(cuda::Context&, Checker&)> fn, const std::string& metric) {
+  OpCase c;
+  c.family = family;
+  c.name = family + "_" + name;
+  c.metric = metric;
+  c.check_only = true;
+  c.bench = false;
+  c.make = [fn](cuda::Context&, const MakeOptions&) { return check_only_run(fn); };
+  return c;
+}
+
 void add_case(std::vector<OpCase>& out, OpCase c) {
   for (const OpCase& o : out)
     if (o.name == c.name) return;
@@ -122,6 +134,7 @@ const std::vector<OpCase>& all_cases() {
     add_moe_cases(v);
     add_basic_cases(v);
     add_fused_cases(v);
+    add_attention_cases(v);
     std::set<std::string> seen;
     for (const OpCase& c : v) {
       CM_CHECK(seen.insert(c.name).second, "op table: duplicate case name {}", c.name);

@@ -91,6 +91,10 @@ bool match_filter(const std::string& filter, const std::string& name);
 // A check-only case's instance: check() calls fn, run() does nothing.
 std::unique_ptr<OpRun> check_only_run(std::function<void(cuda::Context&, Checker&)> fn);
 
+// A check-only case named family_name whose check is fn (metric: what it compares).
+OpCase check_only_case(const std::string& family, const std::string& name,
+                       std::function<void(cuda::Context&, Checker&)> fn, const std::string& metric = "bits");
+
 // Appends c unless a case of that name is already there (grids of the tests and of the bench overlap).
 void add_case(std::vector<OpCase>& out, OpCase c);
 
@@ -107,5 +111,6 @@ void add_moe_cases(std::vector<OpCase>& out);
 void add_basic_cases(std::vector<OpCase>& out);
 void add_pair_cases(std::vector<OpCase>& out);
 void add_fused_cases(std::vector<OpCase>& out);
+void add_attention_cases(std::vector<OpCase>& out);
 
 }  // namespace cm::optable

@@ -8,11 +8,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/core/cuda_util.h"
 #include "bench/optable/op_case.h"
+#include "common/error.h"
 #include "common/numeric.h"
 #include "ops/linear.h"
 #include "ops/rope.h"
@@ -115,6 +117,42 @@ class GuardedRows {
   int64_t M_, N_;
   size_t es_;
   cuda::DeviceBuffer buf_;
+};
+
+// Helpers of the checks ported from hand-written tests: bit equality of two vectors, an error line, a
+// refusal (cm::Error expected), and Msg, a streamed message (Msg() << "row " << m) for Checker::expect.
+template <typename T>
+void same(Checker& c, const std::vector<T>& a, const std::vector<T>& b, const std::string& what) {
+  if (a.size() != b.size()) {
+    c.expect(false, what + ": sizes differ");
+    return;
+  }
+  c.same_bits(a.data(), b.data(), a.size() * sizeof(T), what);
+}
+
+inline void err(Checker& c, const std::string& op, const std::string& shape, double e, double bound) {
+  c.err(op + " " + shape + " max|d|/max|ref|", e, bound);
+}
+
+template <typename F>
+void throws(Checker& c, F&& f, const std::string& what) {
+  bool threw = false;
+  try {
+    f();
+  } catch (const Error&) {
+    threw = true;
+  }
+  c.expect(threw, what + ": expected cm::Error");
+}
+
+struct Msg {
+  std::ostringstream s;
+  template <typename T>
+  Msg& operator<<(const T& v) {
+    s << v;
+    return *this;
+  }
+  operator std::string() const { return s.str(); }
 };
 
 // A device copy of buffer b (same bytes at another address; the bench's L2 rotation).

@@ -184,16 +184,6 @@ void bf16_is_cast(cuda::Context& ctx, Checker& c) {
   c.same_bits(got.data(), want.data(), got.size() * 2, "swiglu bf16 out vs cast of f32 out");
 }
 
-OpCase check_case(const std::string& name, void (*fn)(cuda::Context&, Checker&)) {
-  OpCase c;
-  c.family = "linear_pair";
-  c.name = "linear_pair_" + name;
-  c.metric = "bits";
-  c.check_only = true;
-  c.bench = false;
-  c.make = [fn](cuda::Context&, const MakeOptions&) { return check_only_run(fn); };
-  return c;
-}
 
 }  // namespace
 
@@ -218,8 +208,8 @@ void add_pair_cases(std::vector<OpCase>& out) {
         };
         add_case(out, std::move(c));
       }
-  add_case(out, check_case("declines", declines));
-  add_case(out, check_case("bf16_is_cast_of_f32", bf16_is_cast));
+  add_case(out, check_only_case("linear_pair", "declines", declines));
+  add_case(out, check_only_case("linear_pair", "bf16_is_cast_of_f32", bf16_is_cast));
 }
 
 }  // namespace cm::optable
