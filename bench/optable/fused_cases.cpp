@@ -15,7 +15,7 @@
 // fixture's (hidden 256), and odd ones (a hidden size whose hc·D is no multiple
 // of the 512-element chunks, dims below a warp). Every output is Guarded (canary
 // zones; NaN-filled, so a missed element fails). CPU bounds (max|gpu − cpu| /
-// max|cpu|, op_check.h): 1e-5 for the f32 norm and hc_post (the same math, other
+// max|cpu|, op_util.h): 1e-5 for the f32 norm and hc_post (the same math, other
 // summation order), 1e-4 for hc_pre/hc_head (+ norm) outputs (dot products over
 // up to 16384 terms, sigmoid, Sinkhorn), 8e-3 for bf16 copies.
 #include <cstring>
