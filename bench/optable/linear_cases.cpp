@@ -159,7 +159,7 @@ class LinearRun : public OpRun {
       GuardedRows g(M, N, es);
       call(ctx, 0, s_.var, 0, M, g.ptr(), g.ld(), ot);
       const std::vector<uint8_t> raw = g.raw(c, tag + " output");
-      const std::vector<float> all = g.values(c, tag + " output");
+      const std::vector<float> all = g.widen(raw);
       int64_t nonfinite = 0;
       for (float v : all) nonfinite += !std::isfinite(v);
       c.expect(nonfinite == 0, tag + ": " + std::to_string(nonfinite) + " non-finite outputs");

@@ -277,8 +277,9 @@ std::vector<uint8_t> GuardedRows::raw(Checker& c, const std::string& what) const
   return rows;
 }
 
-std::vector<float> GuardedRows::values(Checker& c, const std::string& what) const {
-  const std::vector<uint8_t> r = raw(c, what);
+std::vector<float> GuardedRows::values(Checker& c, const std::string& what) const { return widen(raw(c, what)); }
+
+std::vector<float> GuardedRows::widen(const std::vector<uint8_t>& r) const {
   std::vector<float> v(size_t(M_ * N_));
   for (size_t i = 0; i < v.size(); ++i) {
     if (es_ == 4) {

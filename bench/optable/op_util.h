@@ -112,6 +112,8 @@ class GuardedRows {
   std::vector<uint8_t> raw(Checker& c, const std::string& what = "output") const;
   // The rows as floats (bf16 widened).
   std::vector<float> values(Checker& c, const std::string& what = "output") const;
+  // raw()'s bytes as floats.
+  std::vector<float> widen(const std::vector<uint8_t>& raw) const;
 
  private:
   int64_t M_, N_;
