@@ -1,6 +1,6 @@
-// `clawmine bench kernels [--json]`: times the NVFP4 GPU kernels on
-// V4-Flash's shapes against a same-run device copy and cuBLAS BF16 (see
-// backend/cuda/bench_kernels.h). `clawmine bench model`: the whole CUDA step
+// `clawmine bench kernels [--only PATTERN] [--list] [--check] [--json]`: times
+// the cases of the GPU op table (bench/optable, the table the GPU tests check)
+// against a same-run device copy and cuBLAS BF16 (see bench/bench_kernels.h). `clawmine bench model`: the whole CUDA step
 // on a synthetic V4-Flash-shaped model (backend/cuda/bench_model.h). Without
 // the CUDA backend, or without a GPU, it says so and exits 1.
 #include <fmt/format.h>
@@ -24,9 +24,9 @@ struct BenchOptions {
   std::string what;
   bool json = false;
   std::string json_file;
-  std::vector<int64_t> ms{1, 4, 16, 64, 256, 4096};
-  std::vector<int> moe_tokens{1, 16, 256};
   std::string only;
+  bool list = false, check = false;
+  uint64_t seed = 1;
   int repeats = 7;
   bool no_pdl = false;
   bool fast_prefill = false;
@@ -44,17 +44,22 @@ struct BenchOptions {
 void print_table(const cm::cuda::KernelBenchResult& r) {
   fmt::print("GPU: {}   device-to-device copy: {:.0f} GB/s (read + write)   empty kernel in a graph: {:.2f} us\n",
              r.gpu, r.copy_gbs, r.empty_us);
-  fmt::print("{:<26} {:>5} {:>8} {:>9} {:>7} {:>8} {:>10} {:>9} {:>7} {:>8}  {}\n", "shape", "M", "us", "GB/s", "%copy",
-             "TFLOP/s", "cuBLAS us", "cuBLAS TF", "speedup", "copy us", "path");
+  fmt::print("{:<52} {:>8} {:>9} {:>7} {:>8} {:>10} {:>9} {:>7} {:>8}  {}\n", "case", "us", "GB/s", "%copy", "TFLOP/s",
+             "cuBLAS us", "cuBLAS TF", "speedup", "copy us", "path");
   for (const auto& row : r.rows) {
     std::string cub = row.cublas_us > 0 ? fmt::format("{:10.2f} {:9.1f} {:6.2f}x", row.cublas_us, row.cublas_tflops,
                                                       row.speedup)
                                         : fmt::format("{:>10} {:>9} {:>7}", "-", "-", "-");
     std::string path = row.path;
-    if (row.kind == "moe") path += fmt::format(" ({} experts touched)", row.experts_touched);
-    fmt::print("{:<26} {:>5} {:8.2f} {:9.0f} {:6.1f}% {:8.2f} {} {:8.2f}  {}\n", row.name, row.M, row.us, row.gbs,
+    if (!row.check.empty()) path += fmt::format("  [check: {}]", row.check);
+    if (row.us <= 0) {
+      fmt::print("{:<52} {:>8}  {}\n", row.name, "-", path);
+      continue;
+    }
+    fmt::print("{:<52} {:8.2f} {:9.0f} {:6.1f}% {:8.2f} {} {:8.2f}  {}\n", row.name, row.us, row.gbs,
                100.0 * row.frac_copy, row.tflops, cub, row.copy_us, path);
   }
+  if (r.failed) fmt::print("{} case(s) failed their check\n", r.failed);
 }
 
 nlohmann::json to_json(const cm::cuda::KernelBenchResult& r) {
@@ -62,10 +67,14 @@ nlohmann::json to_json(const cm::cuda::KernelBenchResult& r) {
   j["gpu"] = r.gpu;
   j["copy_gbs"] = r.copy_gbs;
   j["empty_kernel_us"] = r.empty_us;
+  j["failed"] = r.failed;
   j["rows"] = nlohmann::json::array();
   for (const auto& row : r.rows) {
-    j["rows"].push_back({{"kind", row.kind},
-                         {"name", row.name},
+    j["rows"].push_back({{"name", row.name},
+                         {"family", row.family},
+                         {"shape", row.shape},
+                         {"check", row.check},
+                         {"worst_err_over_tol", row.worst},
                          {"path", row.path},
                          {"M", row.M},
                          {"N", row.N},
@@ -79,8 +88,7 @@ nlohmann::json to_json(const cm::cuda::KernelBenchResult& r) {
                          {"tflops", row.tflops},
                          {"cublas_us", row.cublas_us},
                          {"cublas_tflops", row.cublas_tflops},
-                         {"speedup_vs_cublas", row.speedup},
-                         {"experts_touched", row.experts_touched}});
+                         {"speedup_vs_cublas", row.speedup}});
   }
   return j;
 }
@@ -174,14 +182,18 @@ int run_bench(const BenchOptions& o) {
   }
 #ifdef CLAWMINE_HAVE_CUDA
   cm::cuda::KernelBenchOptions ko;
-  ko.ms = o.ms;
-  ko.moe_tokens = o.moe_tokens;
   ko.only = o.only;
   ko.repeats = o.repeats;
   ko.pdl = !o.no_pdl;
+  ko.check = o.check;
+  ko.seed = o.seed;
   CM_CHECK(o.repeats >= 1, "bench: --repeats must be >= 1");
-  for (int64_t m : o.ms) CM_CHECK(m >= 1, "bench: --m values must be >= 1, got {}", m);
-  for (int t : o.moe_tokens) CM_CHECK(t >= 1, "bench: --moe-tokens values must be >= 1, got {}", t);
+  if (o.list) {
+    const std::vector<std::string> lines = cm::cuda::list_kernel_cases(ko);
+    CM_CHECK(!lines.empty(), "bench kernels: no case matches --only '{}'", o.only);
+    for (const std::string& l : lines) fmt::print("{}\n", l);
+    return 0;
+  }
   auto res = cm::cuda::run_kernel_bench(ko);
   if (o.json) fmt::print("{}\n", to_json(res).dump(2));
   else print_table(res);
@@ -191,7 +203,7 @@ int run_bench(const BenchOptions& o) {
     fmt::print(f, "{}\n", to_json(res).dump(2));
     std::fclose(f);
   }
-  return 0;
+  return res.failed ? 1 : 0;
 #else
   cm::fail("bench kernels: this clawmine was built without the CUDA backend (configure with a CUDA compiler and "
            "-DCLAWMINE_CUDA=ON)");
@@ -203,9 +215,15 @@ cm::cli::CommandRegistrar reg({"bench", "Benchmark the GPU kernels or a syntheti
                                  app.add_option("what", o->what, "What to benchmark: kernels, or model (a synthetic V4-Flash on the GPU)")->required();
                                  app.add_flag("--json", o->json, "Print the results as JSON");
                                  app.add_option("--json-file", o->json_file, "Also write the results as JSON here");
-                                 app.add_option("--m", o->ms, "Token counts M for the linear shapes (comma-separated)")->delimiter(',');
-                                 app.add_option("--moe-tokens", o->moe_tokens, "Token counts for the grouped MoE (comma-separated)")->delimiter(',');
-                                 app.add_option("--only", o->only, "Only shapes whose name contains this text");
+                                 app.add_option("--only", o->only,
+                                                "kernels: the op-table cases to run, a gtest-style filter "
+                                                "(POS:POS-NEG:NEG, * and ?), e.g. 'linear_nvfp4_*_M1_*:moe_*'; "
+                                                "default: the table's bench selection (V4-Flash shapes)");
+                                 app.add_flag("--list", o->list, "kernels: list the selected cases and exit (no GPU needed)");
+                                 app.add_flag("--check", o->check,
+                                              "kernels: run each case's correctness check (CPU oracle) before timing it; "
+                                              "exit 1 if one fails");
+                                 app.add_option("--seed", o->seed, "kernels: seed of the random inputs");
                                  app.add_option("--repeats", o->repeats, "kernels: timed graph launches per measurement; model: timed decode steps per point (prefill: at most 3)");
                                  app.add_option("--layers", o->layers, "model: layers of V4-Flash to build (0 = as many as fit)");
                                  app.add_option("--prefill", o->prefill, "model: prompt lengths to prefill (comma-separated)")->delimiter(',');

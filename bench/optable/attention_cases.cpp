@@ -1,4 +1,4 @@
-// GPU attention-side ops against CPU references on random inputs, with
+// GPU attention-side ops (op table, check-only cases: attention_*) against CPU references on random inputs, with
 // batches that mix slots, prefill chunks longer than the window, decode
 // tokens and contexts past 4K:
 //  - compressor_step_cuda (CSA 4 × 512 / 4 × 128, HCA 128 × 512, tiny
@@ -17,30 +17,23 @@
 // bounded by 8e-3 (bf16 rounding costs up to 2^-8 ≈ 3.9e-3 of max|ref|, twice
 // as margin), f32 index scores by 1e-5 (fp32 sums over 64 × 128 terms in
 // another order).
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "op_check.h"
+#include "bench/optable/op_case.h"
+#include "bench/optable/op_util.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
 
-namespace cm {
+namespace cm::optable {
 namespace {
 
-using gputest::expect_err;
-using gputest::make_rope;
-using gputest::from_device;
-using gputest::Guarded;
-using gputest::max_rel;
-using gputest::Rng;
-using gputest::to_device;
+
 
 // A batch: runs of (slot, first position, length), contiguous per slot.
 struct SlotRun {
@@ -67,10 +60,8 @@ struct CompCase {
   const char* name;
 };
 
-TEST(GpuOps, CompressorEntriesOverSteps) {
-  CM_SKIP_WITHOUT_GPU();
-  cuda::Context ctx;
-  const CompCase cases[] = {{4, 2, 512, 64, "CSA m=4 dc=512"},
+void CompressorEntriesOverSteps(cuda::Context& ctx, Checker& chk_) {
+    const CompCase cases[] = {{4, 2, 512, 64, "CSA m=4 dc=512"},
                             {4, 2, 128, 64, "CSA m=4 dc=128 (indexer)"},
                             {128, 1, 512, 64, "HCA m=128 dc=512"},
                             {16, 1, 32, 8, "HCA m=16 dc=32"},
@@ -88,8 +79,8 @@ TEST(GpuOps, CompressorEntriesOverSteps) {
     Rng r(uint64_t(cc.m * 1000 + cc.dc));
     const int64_t width = cc.c * cc.dc, cm = cc.c * cc.m, max_entries = max_ctx / cc.m;
     const RopeTable tab = make_rope(cc.rope_dim, true);
-    std::vector<float> ape = gputest::rand_f32(size_t(cc.m * width), r, 0.5f);
-    std::vector<float> norm_w = gputest::rand_f32(size_t(cc.dc), r, 0.3f, 1.0f);
+    std::vector<float> ape = rand_f32(size_t(cc.m * width), r, 0.5f);
+    std::vector<float> norm_w = rand_f32(size_t(cc.dc), r, 0.3f, 1.0f);
     cuda::DeviceBuffer dape = to_device(ape), dnorm = to_device(norm_w), dfreq = to_device(tab.freqs);
     cuda::DeviceBuffer pend_kv(size_t(max_slots * cm * width) * 4), pend_gate(size_t(max_slots * cm * width) * 4);
     Guarded<uint16_t> entries(size_t(max_slots * max_entries * cc.dc));
@@ -99,12 +90,12 @@ TEST(GpuOps, CompressorEntriesOverSteps) {
     std::vector<std::vector<float>> hkv(static_cast<size_t>(max_slots)), hgate(static_cast<size_t>(max_slots));
     for (const auto& runs : steps) {
       BatchRows b(runs);
-      std::vector<float> kv = gputest::rand_f32(size_t(b.n() * width), r, 1.0f);
-      std::vector<float> gate = gputest::rand_f32(size_t(b.n() * width), r, 2.0f);
+      std::vector<float> kv = rand_f32(size_t(b.n() * width), r, 1.0f);
+      std::vector<float> gate = rand_f32(size_t(b.n() * width), r, 2.0f);
       for (int64_t i = 0; i < b.n(); ++i) {
         auto& hk = hkv[size_t(b.slot[size_t(i)])];
         auto& hg = hgate[size_t(b.slot[size_t(i)])];
-        ASSERT_EQ(int64_t(hk.size()), int64_t(b.pos[size_t(i)]) * width);
+        if (!((int64_t(hk.size())) == (int64_t(b.pos[size_t(i)]) * width))) { chk_.expect(false, Msg() << "ASSERT_EQ(int64_t(hk.size()), int64_t(b.pos[size_t(i)]) * width)"); return; }
         hk.insert(hk.end(), kv.begin() + i * width, kv.begin() + (i + 1) * width);
         hg.insert(hg.end(), gate.begin() + i * width, gate.begin() + (i + 1) * width);
       }
@@ -114,7 +105,7 @@ TEST(GpuOps, CompressorEntriesOverSteps) {
       ctx.sync();
     }
     // Reference: every completed entry pooled from the full history.
-    std::vector<uint16_t> got = entries.get();
+    std::vector<uint16_t> got = entries.get(chk_);
     std::vector<float> g_all, r_all;
     std::vector<float> skv(size_t(cm * cc.dc)), sgate(size_t(cm * cc.dc)), e(static_cast<size_t>(cc.dc));
     int64_t n_entries = 0;
@@ -145,26 +136,23 @@ TEST(GpuOps, CompressorEntriesOverSteps) {
         ++n_entries;
       }
     }
-    ASSERT_GT(n_entries, 0);
-    expect_err("compressor entries", std::string(cc.name) + " entries=" + std::to_string(n_entries),
-               max_rel(g_all, r_all), 8e-3);
+    if (!((n_entries) > (0))) { chk_.expect(false, Msg() << "ASSERT_GT(n_entries, 0)"); return; }
+    err(chk_, "compressor entries", std::string(cc.name) + " entries=" + std::to_string(n_entries), max_rel(g_all, r_all), 8e-3);
   }
 }
 
 // ---------------------------------------------------------------- indexer and top-k
 
-TEST(GpuOps, IndexerScoresAndTopk) {
-  CM_SKIP_WITHOUT_GPU();
-  cuda::Context ctx;
-  Rng r(11);
+void IndexerScoresAndTopk(cuda::Context& ctx, Checker& chk_) {
+    Rng r(11);
   const int64_t H = 64, D = 128, m = 4, K = 512, max_slots = 3, max_entries = 1300;
   // slot 0: a prefill chunk past 5K (1247..1250 causal entries), slot 1: decode at 300 (75 < k entries),
   // slot 2: the first tokens of a prompt (0, 1 or 2 entries).
   BatchRows b({{0, 4990, 10}, {1, 299, 1}, {2, 0, 8}});
   std::vector<float> keys_v, q_v;
-  std::vector<uint16_t> keys = gputest::rand_bf16(size_t(max_slots * max_entries * D), r, 1.0f, &keys_v);
-  std::vector<uint16_t> q = gputest::rand_bf16(size_t(b.n() * H * D), r, 1.0f, &q_v);
-  std::vector<float> w = gputest::rand_f32(size_t(b.n() * H), r, 0.1f, 0.02f);
+  std::vector<uint16_t> keys = rand_bf16(size_t(max_slots * max_entries * D), r, 1.0f, &keys_v);
+  std::vector<uint16_t> q = rand_bf16(size_t(b.n() * H * D), r, 1.0f, &q_v);
+  std::vector<float> w = rand_f32(size_t(b.n() * H), r, 0.1f, 0.02f);
   cuda::DeviceBuffer dkeys = to_device(keys), dq = to_device(q), dw = to_device(w);
   cuda::DeviceBuffer ds = to_device(b.slot), dp = to_device(b.pos);
   CompressorStateView ks{nullptr, nullptr, dkeys.as<uint16_t>(), max_slots, max_entries, m, 2, D};
@@ -174,17 +162,17 @@ TEST(GpuOps, IndexerScoresAndTopk) {
   Guarded<int32_t> idx(size_t(b.n() * K));
   topk_lower_index_first_cuda(ctx, score.ptr(), max_entries, dp.as<int32_t>(), m, b.n(), K, idx.ptr());
   ctx.sync();
-  const std::vector<float> gs = score.get();
-  const std::vector<int32_t> gi = idx.get();
+  const std::vector<float> gs = score.get(chk_);
+  const std::vector<int32_t> gi = idx.get(chk_);
   // The same inputs again: the same bits.
   indexer_scores_cuda(ctx, ks, dq.as<uint16_t>(), dw.as<float>(), H, ds.as<int32_t>(), dp.as<int32_t>(), b.n(),
                       (4999 + 1) / m, score.ptr(), max_entries);
   topk_lower_index_first_cuda(ctx, score.ptr(), max_entries, dp.as<int32_t>(), m, b.n(), K, idx.ptr());
   ctx.sync();
   {
-    const std::vector<float> again = score.get();
-    EXPECT_EQ(0, std::memcmp(again.data(), gs.data(), gs.size() * 4)) << "indexer scores differ between runs";
-    EXPECT_EQ(idx.get(), gi) << "top-k differs between runs";
+    const std::vector<float> again = score.get(chk_);
+    chk_.expect(((0) == (std::memcmp(again.data(), gs.data(), gs.size() * 4))), Msg() << "indexer scores differ between runs");
+    chk_.expect(((idx.get(chk_)) == (gi)), Msg() << "top-k differs between runs");
   }
   std::vector<float> g_all, r_all, ref(static_cast<size_t>(max_entries));
   for (int64_t i = 0; i < b.n(); ++i) {
@@ -197,16 +185,13 @@ TEST(GpuOps, IndexerScoresAndTopk) {
     }
     std::vector<int32_t> want = topk_lower_index_first(&gs[size_t(i * max_entries)], cnt, K);
     want.resize(size_t(K), -1);
-    EXPECT_TRUE(std::equal(want.begin(), want.end(), gi.begin() + i * K)) << "top-k of token " << i;
+    chk_.expect((std::equal(want.begin(), want.end(), gi.begin() + i * K)), Msg() << "top-k of token " << i);
   }
-  expect_err("indexer scores", "heads=64 dim=128 entries<=1250 tokens=" + std::to_string(b.n()),
-             max_rel(g_all, r_all), 1e-5);
+  err(chk_, "indexer scores", "heads=64 dim=128 entries<=1250 tokens=" + std::to_string(b.n()), max_rel(g_all, r_all), 1e-5);
 }
 
-TEST(GpuOps, TopkLowerIndexFirstWithTies) {
-  CM_SKIP_WITHOUT_GPU();
-  cuda::Context ctx;
-  Rng r(12);
+void TopkLowerIndexFirstWithTies(cuda::Context& ctx, Checker& chk_) {
+    Rng r(12);
   const std::vector<int64_t> ns = {1, 511, 512, 513, 3000, 16384, 70000, 70000, 9000};
   const int64_t ld = 70000;
   std::vector<float> sc(ns.size() * size_t(ld), 0.f);
@@ -229,12 +214,11 @@ TEST(GpuOps, TopkLowerIndexFirstWithTies) {
     Guarded<int32_t> idx(ns.size() * size_t(k));
     topk_lower_index_first_cuda(ctx, dsc.as<float>(), ld, dp.as<int32_t>(), 1, int64_t(ns.size()), k, idx.ptr());
     ctx.sync();
-    const std::vector<int32_t> gi = idx.get();
+    const std::vector<int32_t> gi = idx.get(chk_);
     for (size_t row = 0; row < ns.size(); ++row) {
       std::vector<int32_t> want = topk_lower_index_first(&sc[row * size_t(ld)], ns[row], k);
       want.resize(size_t(k), -1);
-      EXPECT_TRUE(std::equal(want.begin(), want.end(), gi.begin() + int64_t(row) * k))
-          << "k=" << k << " n=" << ns[row] << " row " << row;
+      chk_.expect((std::equal(want.begin(), want.end(), gi.begin() + int64_t(row) * k)), Msg() << "k=" << k << " n=" << ns[row] << " row " << row);
     }
   }
 }
@@ -256,7 +240,7 @@ struct AttnCase {
 // must give the in-CTA path's bits. The first token of each run, run alone
 // (its window rows are all in the ring or its own), must give its bits in the
 // whole batch (batch invariance).
-void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed, bool want_split = false) {
+void check_attention(cuda::Context& ctx, Checker& chk_, const AttnCase& ac, uint64_t seed, bool want_split = false) {
   Rng r(seed);
   BatchRows b(ac.runs);
   const int64_t H = ac.H, D = ac.D, W = ac.W, n = b.n();
@@ -271,7 +255,7 @@ void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed, bool
   std::vector<std::vector<float>> hist(static_cast<size_t>(max_slots));
   std::vector<std::vector<uint16_t>> hist_b(static_cast<size_t>(max_slots));
   for (const SlotRun& run : ac.runs)
-    hist_b[size_t(run.slot)] = gputest::rand_bf16(size_t((run.pos0 + run.len) * D), r, 1.0f, &hist[size_t(run.slot)]);
+    hist_b[size_t(run.slot)] = rand_bf16(size_t((run.pos0 + run.len) * D), r, 1.0f, &hist[size_t(run.slot)]);
   std::vector<uint16_t> ring(size_t(max_slots * W * D), 0), kv(size_t(n * D));
   for (const SlotRun& run : ac.runs)
     for (int64_t q = std::max<int64_t>(0, run.pos0 - W); q < run.pos0; ++q)
@@ -279,9 +263,9 @@ void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed, bool
   for (int64_t i = 0; i < n; ++i)
     std::copy_n(&hist_b[size_t(b.slot[size_t(i)])][size_t(b.pos[size_t(i)] * D)], D, &kv[size_t(i * D)]);
   std::vector<float> ent_v, q_v;
-  std::vector<uint16_t> ent = gputest::rand_bf16(size_t(std::max<int64_t>(1, max_slots * max_entries * D)), r, 1.0f, &ent_v);
-  std::vector<uint16_t> q = gputest::rand_bf16(size_t(n * H * D), r, ac.q_amp, &q_v);
-  std::vector<float> sinks = gputest::rand_f32(size_t(H), r, 1.0f);
+  std::vector<uint16_t> ent = rand_bf16(size_t(std::max<int64_t>(1, max_slots * max_entries * D)), r, 1.0f, &ent_v);
+  std::vector<uint16_t> q = rand_bf16(size_t(n * H * D), r, ac.q_amp, &q_v);
+  std::vector<float> sinks = rand_f32(size_t(H), r, 1.0f);
   std::vector<int32_t> sel;
   if (ac.kind == 2) {
     sel.assign(size_t(n * ac.topk), -1);
@@ -316,7 +300,7 @@ void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed, bool
   RopeView rv{dfreq.as<float>(), ac.rope, 1.0f};
   const float scale = 1.0f / std::sqrt(float(D));
   Guarded<uint16_t> out(size_t(n * H * D)), out2(size_t(n * H * D)), out_split(size_t(n * H * D));
-  EXPECT_FALSE(attention_takes_split(ctx, in, H, D, n)) << "split without a workspace: " << ac.name;
+  chk_.expect(!(attention_takes_split(ctx, in, H, D, n)), Msg() << "split without a workspace: " << ac.name);
   attention_sink_cuda(ctx, in, dq.as<uint16_t>(), H, D, scale, rv, ds.as<int32_t>(), dp.as<int32_t>(), n, out.ptr());
   attention_sink_cuda(ctx, in, dq.as<uint16_t>(), H, D, scale, rv, ds.as<int32_t>(), dp.as<int32_t>(), n, out2.ptr());
   // The same inputs with a workspace (starts NaN, canaries around it): the split path when it applies.
@@ -329,10 +313,10 @@ void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed, bool
   in_ws.workspace_floats = try_split ? ws_floats : 1;
   const bool split = attention_takes_split(ctx, in_ws, H, D, n);
   if (want_split) {
-    EXPECT_TRUE(split) << "the split path does not run: " << ac.name;
+    chk_.expect((split), Msg() << "the split path does not run: " << ac.name);
     AttnInputs in_short = in_ws;
     in_short.workspace_floats = ws_floats - 1;
-    EXPECT_FALSE(attention_takes_split(ctx, in_short, H, D, n)) << "split into a workspace too small: " << ac.name;
+    chk_.expect(!(attention_takes_split(ctx, in_short, H, D, n)), Msg() << "split into a workspace too small: " << ac.name);
   }
   if (try_split)
     attention_sink_cuda(ctx, in_ws, dq.as<uint16_t>(), H, D, scale, rv, ds.as<int32_t>(), dp.as<int32_t>(), n,
@@ -360,19 +344,18 @@ void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed, bool
                       out_f.ptr());
   window_store_cuda(ctx, dkv.as<uint16_t>(), dring.as<uint16_t>(), W, D, ds.as<int32_t>(), dp.as<int32_t>(), n);
   ctx.sync();
-  const std::vector<uint16_t> got_b = out.get();
-  EXPECT_EQ(got_b, out2.get()) << "attention is not deterministic: " << ac.name;
+  const std::vector<uint16_t> got_b = out.get(chk_);
+  chk_.expect(((got_b) == (out2.get(chk_))), Msg() << "attention is not deterministic: " << ac.name);
   {
-    const std::vector<uint16_t> got_f = out_f.get();
+    const std::vector<uint16_t> got_f = out_f.get(chk_);
     for (int64_t k = 0; k < nf; ++k)
-      EXPECT_TRUE(std::equal(got_f.begin() + k * H * D, got_f.begin() + (k + 1) * H * D,
-                             got_b.begin() + firsts[size_t(k)] * H * D))
-          << "token " << firsts[size_t(k)] << " alone differs from its bits in the batch: " << ac.name;
+      chk_.expect((std::equal(got_f.begin() + k * H * D, got_f.begin() + (k + 1) * H * D,
+                             got_b.begin() + firsts[size_t(k)] * H * D)), Msg() << "token " << firsts[size_t(k)] << " alone differs from its bits in the batch: " << ac.name);
   }
   if (try_split) {
-    EXPECT_TRUE(got_b == out_split.get()) << (split ? "split" : "in-CTA (with a workspace)")
-                                          << " path differs from the in-CTA path: " << ac.name;
-    ws.get();  // its canaries
+    chk_.expect((got_b == out_split.get(chk_)), Msg() << (split ? "split" : "in-CTA (with a workspace)")
+                                          << " path differs from the in-CTA path: " << ac.name);
+    ws.get(chk_);  // its canaries
   }
 
   std::vector<float> ref(size_t(n * H * D));
@@ -392,35 +375,31 @@ void check_attention(cuda::Context& ctx, const AttnCase& ac, uint64_t seed, bool
                        &ref[size_t(i * H * D)]);
     rope_apply_cpu(&ref[size_t(i * H * D)], H, D, p, tab, true);
   }
-  expect_err("attention+inv rope", sh(ac.name, n), max_rel(gputest::bf16_vals(got_b), ref), 8e-3);
+  err(chk_, "attention+inv rope", sh(ac.name, n), max_rel(bf16_vals(got_b), ref), 8e-3);
 
   // The ring now holds, per slot and residue, the latest position's row.
   std::vector<uint16_t> want = ring;
   for (const SlotRun& run : ac.runs)
     for (int64_t qp = std::max<int64_t>(0, run.pos0 + run.len - W); qp < run.pos0 + run.len; ++qp)
       std::copy_n(&hist_b[size_t(run.slot)][size_t(qp * D)], D, &want[size_t((run.slot * W + qp % W) * D)]);
-  EXPECT_EQ(from_device<uint16_t>(dring, want.size()), want) << "window ring after window_store_cuda: " << ac.name;
+  chk_.expect(((from_device<uint16_t>(dring, want.size())) == (want)), Msg() << "window ring after window_store_cuda: " << ac.name);
 }
 
-TEST(GpuOps, AttentionWithSinksFlashShapes) {
-  CM_SKIP_WITHOUT_GPU();
-  cuda::Context ctx;
-  // V4-Flash CSA: 64 heads × 512, rope 64, window 128, top-512 of > 1000 entries (contexts past 4K), a
+void AttentionWithSinksFlashShapes(cuda::Context& ctx, Checker& chk_) {
+    // V4-Flash CSA: 64 heads × 512, rope 64, window 128, top-512 of > 1000 entries (contexts past 4K), a
   // decode token, a short chunk, and a 151-token prefill (longer than the window).
-  check_attention(ctx, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 4}, {1, 6000, 1}, {2, 0, 151}}, "Flash CSA"}, 21);
+  check_attention(ctx, chk_, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 4}, {1, 6000, 1}, {2, 0, 151}}, "Flash CSA"}, 21);
   // V4-Flash HCA: all causal entries of ratio 128 (35 at 4.5K).
-  check_attention(ctx, {64, 512, 64, 128, 1, 128, 0, {{0, 4200, 2}, {1, 4350, 1}, {2, 0, 130}}, "Flash HCA"}, 22);
+  check_attention(ctx, chk_, {64, 512, 64, 128, 1, 128, 0, {{0, 4200, 2}, {1, 4350, 1}, {2, 0, 130}}, "Flash HCA"}, 22);
   // Window-only layer.
-  check_attention(ctx, {64, 512, 64, 128, 0, 0, 0, {{1, 300, 3}, {0, 0, 200}}, "Flash SWA"}, 23);
+  check_attention(ctx, chk_, {64, 512, 64, 128, 0, 0, 0, {{1, 300, 3}, {0, 0, 200}}, "Flash SWA"}, 23);
 }
 
-TEST(GpuOps, AttentionWithSinksOtherShapes) {
-  CM_SKIP_WITHOUT_GPU();
-  cuda::Context ctx;
-  check_attention(ctx, {128, 512, 64, 128, 2, 4, 1024, {{0, 5000, 2}, {1, 0, 20}}, "Pro 128 heads CSA"}, 31);
-  check_attention(ctx, {4, 32, 8, 12, 2, 4, 4, {{0, 0, 30}, {1, 40, 1}, {2, 7, 5}}, "tiny CSA"}, 32);
-  check_attention(ctx, {4, 32, 8, 12, 1, 16, 0, {{0, 0, 40}, {1, 100, 3}}, "tiny HCA"}, 33);
-  check_attention(ctx, {4, 128, 32, 128, 1, 128, 0, {{0, 0, 300}, {1, 1000, 2}}, "default-model HCA"}, 34);
+void AttentionWithSinksOtherShapes(cuda::Context& ctx, Checker& chk_) {
+    check_attention(ctx, chk_, {128, 512, 64, 128, 2, 4, 1024, {{0, 5000, 2}, {1, 0, 20}}, "Pro 128 heads CSA"}, 31);
+  check_attention(ctx, chk_, {4, 32, 8, 12, 2, 4, 4, {{0, 0, 30}, {1, 40, 1}, {2, 7, 5}}, "tiny CSA"}, 32);
+  check_attention(ctx, chk_, {4, 32, 8, 12, 1, 16, 0, {{0, 0, 40}, {1, 100, 3}}, "tiny HCA"}, 33);
+  check_attention(ctx, chk_, {4, 128, 32, 128, 1, 128, 0, {{0, 0, 300}, {1, 1000, 2}}, "default-model HCA"}, 34);
 }
 
 // Shapes the tensor-core segment (a 16-row head tile, k16 steps over the
@@ -430,24 +409,22 @@ TEST(GpuOps, AttentionWithSinksOtherShapes) {
 // segments past the end and wholly missing (early positions with a large
 // top-k), −1 holes; peaked softmax (q ±30); and head_dim 8, which keeps the
 // SIMT segment (chosen by the shape). Split where it applies, batch-invariant.
-TEST(GpuOps, AttentionHeadGroupsAndDims) {
-  CM_SKIP_WITHOUT_GPU();
-  cuda::Context ctx;
-  check_attention(ctx, {12, 64, 16, 40, 2, 4, 48, {{0, 0, 3}, {1, 300, 1}, {2, 90, 2}}, "12 heads x 64 CSA", true}, 51,
+void AttentionHeadGroupsAndDims(cuda::Context& ctx, Checker& chk_) {
+    check_attention(ctx, chk_, {12, 64, 16, 40, 2, 4, 48, {{0, 0, 3}, {1, 300, 1}, {2, 90, 2}}, "12 heads x 64 CSA", true}, 51,
                   true);
-  check_attention(ctx, {40, 128, 32, 64, 1, 16, 0, {{0, 0, 70}, {1, 500, 2}}, "40 heads (10 a CTA) x 128 HCA"}, 52);
-  check_attention(ctx, {6, 16, 8, 40, 2, 4, 40, {{0, 0, 25}, {1, 200, 1}}, "6 heads x 16 CSA", true}, 53, true);
-  check_attention(ctx, {10, 32, 8, 70, 1, 8, 0, {{0, 0, 90}, {1, 333, 1}}, "10 heads x 32 HCA"}, 54);
-  check_attention(ctx, {16, 256, 64, 128, 2, 4, 256, {{0, 2000, 3}, {1, 0, 65}}, "16 heads x 256 CSA", true}, 55);
-  check_attention(ctx, {17, 32, 16, 50, 2, 2, 30, {{0, 0, 9}, {1, 120, 1}}, "17 heads (1 a CTA) x 32 CSA"}, 56, true);
-  check_attention(ctx, {1, 64, 16, 30, 1, 8, 0, {{0, 0, 40}, {1, 77, 1}}, "1 head x 64 HCA"}, 57);
-  check_attention(ctx, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 2}, {1, 0, 70}}, "Flash CSA peaked", true, 30.f}, 58);
-  check_attention(ctx, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 1}, {1, 3, 1}}, "Flash CSA peaked decode", true, 30.f},
+  check_attention(ctx, chk_, {40, 128, 32, 64, 1, 16, 0, {{0, 0, 70}, {1, 500, 2}}, "40 heads (10 a CTA) x 128 HCA"}, 52);
+  check_attention(ctx, chk_, {6, 16, 8, 40, 2, 4, 40, {{0, 0, 25}, {1, 200, 1}}, "6 heads x 16 CSA", true}, 53, true);
+  check_attention(ctx, chk_, {10, 32, 8, 70, 1, 8, 0, {{0, 0, 90}, {1, 333, 1}}, "10 heads x 32 HCA"}, 54);
+  check_attention(ctx, chk_, {16, 256, 64, 128, 2, 4, 256, {{0, 2000, 3}, {1, 0, 65}}, "16 heads x 256 CSA", true}, 55);
+  check_attention(ctx, chk_, {17, 32, 16, 50, 2, 2, 30, {{0, 0, 9}, {1, 120, 1}}, "17 heads (1 a CTA) x 32 CSA"}, 56, true);
+  check_attention(ctx, chk_, {1, 64, 16, 30, 1, 8, 0, {{0, 0, 40}, {1, 77, 1}}, "1 head x 64 HCA"}, 57);
+  check_attention(ctx, chk_, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 2}, {1, 0, 70}}, "Flash CSA peaked", true, 30.f}, 58);
+  check_attention(ctx, chk_, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 1}, {1, 3, 1}}, "Flash CSA peaked decode", true, 30.f},
                   59, true);
   // head_dim 8: the SIMT segment, both paths.
-  check_attention(ctx, {4, 8, 8, 12, 2, 4, 70, {{0, 0, 30}, {1, 400, 1}, {2, 7, 5}}, "dim 8 (SIMT) CSA", true}, 60,
+  check_attention(ctx, chk_, {4, 8, 8, 12, 2, 4, 70, {{0, 0, 30}, {1, 400, 1}, {2, 7, 5}}, "dim 8 (SIMT) CSA", true}, 60,
                   true);
-  check_attention(ctx, {8, 8, 8, 100, 0, 0, 0, {{0, 0, 150}, {1, 50, 2}}, "dim 8 (SIMT) SWA"}, 61);
+  check_attention(ctx, chk_, {8, 8, 8, 100, 0, 0, 0, {{0, 0, 150}, {1, 50, 2}}, "dim 8 (SIMT) SWA"}, 61);
 }
 
 // Decode-sized batches, where the split path (a CTA per token, head group and
@@ -455,26 +432,38 @@ TEST(GpuOps, AttentionHeadGroupsAndDims) {
 // in-CTA path on the same inputs, and the CPU op within tolerance. Tokens at
 // position 0 (one candidate), short contexts (selections padded with −1),
 // selections with −1 scattered inside, contexts past 4K.
-TEST(GpuOps, AttentionSplitMatchesInCta) {
-  CM_SKIP_WITHOUT_GPU();
-  cuda::Context ctx;
-  // V4-Flash CSA: window 128 + top-512 of > 1000 entries = 10 segments.
-  check_attention(ctx, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 1}}, "Flash CSA decode"}, 41, true);
-  check_attention(ctx, {64, 512, 64, 128, 2, 4, 512, {{1, 0, 1}, {0, 4600, 1}, {2, 4100, 3}}, "Flash CSA batch"}, 42,
+void AttentionSplitMatchesInCta(cuda::Context& ctx, Checker& chk_) {
+    // V4-Flash CSA: window 128 + top-512 of > 1000 entries = 10 segments.
+  check_attention(ctx, chk_, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 1}}, "Flash CSA decode"}, 41, true);
+  check_attention(ctx, chk_, {64, 512, 64, 128, 2, 4, 512, {{1, 0, 1}, {0, 4600, 1}, {2, 4100, 3}}, "Flash CSA batch"}, 42,
                   true);
-  check_attention(ctx, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 2}, {2, 700, 1}, {1, 63, 1}}, "Flash CSA holes", true},
+  check_attention(ctx, chk_, {64, 512, 64, 128, 2, 4, 512, {{0, 4500, 2}, {2, 700, 1}, {1, 63, 1}}, "Flash CSA holes", true},
                   43, true);
   // V4-Flash HCA: no selection, every causal entry (ratio 128).
-  check_attention(ctx, {64, 512, 64, 128, 1, 128, 0, {{0, 4350, 1}}, "Flash HCA decode"}, 44, true);
-  check_attention(ctx, {64, 512, 64, 128, 1, 128, 0, {{1, 0, 1}, {0, 4200, 2}, {2, 127, 2}}, "Flash HCA batch"}, 45,
+  check_attention(ctx, chk_, {64, 512, 64, 128, 1, 128, 0, {{0, 4350, 1}}, "Flash HCA decode"}, 44, true);
+  check_attention(ctx, chk_, {64, 512, 64, 128, 1, 128, 0, {{1, 0, 1}, {0, 4200, 2}, {2, 127, 2}}, "Flash HCA batch"}, 45,
                   true);
   // Window only: 128 rows = 2 segments.
-  check_attention(ctx, {64, 512, 64, 128, 0, 0, 0, {{0, 300, 1}, {1, 0, 1}, {2, 64, 1}}, "Flash SWA decode"}, 46,
+  check_attention(ctx, chk_, {64, 512, 64, 128, 0, 0, 0, {{0, 300, 1}, {1, 0, 1}, {2, 64, 1}}, "Flash SWA decode"}, 46,
                   true);
   // 128 heads (8 head groups); an odd small shape: 6 heads of 64, window 40, top-48.
-  check_attention(ctx, {128, 512, 64, 128, 2, 4, 1024, {{0, 5000, 1}, {1, 0, 1}}, "Pro CSA decode"}, 47, true);
-  check_attention(ctx, {6, 64, 16, 40, 2, 4, 48, {{0, 0, 3}, {1, 300, 1}, {2, 90, 2}}, "odd CSA", true}, 48, true);
+  check_attention(ctx, chk_, {128, 512, 64, 128, 2, 4, 1024, {{0, 5000, 1}, {1, 0, 1}}, "Pro CSA decode"}, 47, true);
+  check_attention(ctx, chk_, {6, 64, 16, 40, 2, 4, 48, {{0, 0, 3}, {1, 300, 1}, {2, 90, 2}}, "odd CSA", true}, 48, true);
 }
 
+
 }  // namespace
-}  // namespace cm
+
+void add_attention_cases(std::vector<OpCase>& out) {
+  const char* kAttnMetric =
+      "max|d|/max|ref| (bf16 8e-3, f32 scores 1e-5); exact indices; bits (split vs in-CTA, token alone)";
+  add_case(out, check_only_case("attention", "compressor_entries_over_steps", CompressorEntriesOverSteps, kAttnMetric));
+  add_case(out, check_only_case("attention", "indexer_scores_and_topk", IndexerScoresAndTopk, kAttnMetric));
+  add_case(out, check_only_case("attention", "topk_lower_index_first_with_ties", TopkLowerIndexFirstWithTies, kAttnMetric));
+  add_case(out, check_only_case("attention", "sinks_flash_shapes", AttentionWithSinksFlashShapes, kAttnMetric));
+  add_case(out, check_only_case("attention", "sinks_other_shapes", AttentionWithSinksOtherShapes, kAttnMetric));
+  add_case(out, check_only_case("attention", "head_groups_and_dims", AttentionHeadGroupsAndDims, kAttnMetric));
+  add_case(out, check_only_case("attention", "split_matches_in_cta", AttentionSplitMatchesInCta, kAttnMetric));
+}
+
+}  // namespace cm::optable
