@@ -16,11 +16,13 @@
 
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "cli/version.h"
 #include "common/error.h"
 #include "sampling/generation_config.h"
 #include "seam/backend.h"
 #include "seam/observer.h"
 #include "serve/engine.h"
+#include "serve/http_policy.h"
 #include "serve/http_server.h"
 #include "tokenizer/tokenizer.h"
 #include "runtime/layer_stats.h"
@@ -67,6 +69,10 @@ int run(Opts& o) {
   if (o.max_step_tokens < o.max_seqs)
     cm::fail("--max-step-tokens ({}) must be at least --max-seqs ({})", o.max_step_tokens, o.max_seqs);
   if (o.http.http_threads < 4) cm::fail("--threads-http must be >= 4 (got {})", o.http.http_threads);
+  cm::serve::parse_allowed_origins(o.http.allowed_origins);  // a bad list fails before the model loads
+  const cm::cli::VersionInfo v = cm::cli::version_info();
+  o.http.version = v.version;
+  o.http.commit = v.commit;
 
   auto model = cm::cli::load_model(o.eng);
   const cm::Config& c = model->config;
@@ -144,6 +150,10 @@ cm::cli::CommandRegistrar reg(
            ->capture_default_str();
        app.add_option("--max-body-bytes", o->http.max_body_bytes, "Largest request body accepted (413 beyond)")
            ->capture_default_str();
+       app.add_option("--allowed-origins", o->http.allowed_origins,
+                      "CORS: origins browsers may call from, a comma list (http://localhost:3000,...) or * for any "
+                      "(default: none, no CORS headers)")
+           ->envname("CLAWMINE_ALLOWED_ORIGINS");
        return [o] { return run(*o); };
      }});
 

@@ -15,12 +15,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <thread>
 
 #include "chat/dsv4.h"
 #include "common/error.h"
+#include "serve/http_policy.h"
 #include "serve/openai.h"
 #include "tokenizer/tokenizer.h"
 
@@ -81,7 +83,7 @@ const char* reason_phrase(int status) {
   switch (status) {
     case 404: return "not found";
     case 405: return "method not allowed";
-    case 413: return "request body too large";
+    case 413: return "request body too large (see --max-body-bytes)";
     case 414: return "request URI too long";
     default: return "request failed";
   }
@@ -100,9 +102,11 @@ struct HttpServer::Impl {
   int listen_fd = -1;
   std::mutex rng_mu;
   std::mt19937_64 rng{std::random_device{}()};
+  std::vector<std::string> origins;  // parsed --allowed-origins (empty: no CORS)
 
   Impl(Engine& e, const Tokenizer& t, Metrics& m, RequestDefaults d, HttpOptions o)
-      : engine(e), tok(t), metrics(m), defaults(std::move(d)), opt(std::move(o)) {}
+      : engine(e), tok(t), metrics(m), defaults(std::move(d)), opt(std::move(o)),
+        origins(parse_allowed_origins(opt.allowed_origins)) {}
 
   uint64_t random64() {
     std::lock_guard<std::mutex> l(rng_mu);
@@ -119,11 +123,55 @@ struct HttpServer::Impl {
     return diff == 0;
   }
 
+  Json model_card() const {
+    return {{"id", opt.model_name},  {"object", "model"},        {"created", unix_now()},
+            {"owned_by", "clawmine"}, {"max_model_len", opt.ctx}};
+  }
+
   void routes();
-  void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
-  void tokenize(const httplib::Request& req, httplib::Response& res);
-  void detokenize(const httplib::Request& req, httplib::Response& res);
+  void generate(const httplib::Request& req, const std::string& body, httplib::Response& res, Endpoint ep);
+  void tokenize(const std::string& body, httplib::Response& res);
+  void detokenize(const std::string& body, httplib::Response& res);
+  // A POST route that reads its body itself (see read_body) and hands it to `fn`.
+  void post(const char* path, std::function<void(const httplib::Request&, const std::string&, httplib::Response&)> fn);
 };
+
+namespace {
+// The body of a JSON endpoint, read here rather than by cpp-httplib: the library parses an
+// application/x-www-form-urlencoded body into form fields and refuses one over 8 KiB with a
+// 413 (a limit compiled into Debian's shared library), which is what `curl -d @prompt.json`
+// sends. Through a content reader the only limit is --max-body-bytes. False (the response set)
+// when the body is too large or not of a JSON type (check_body_type).
+bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+               std::string* body) {
+  const std::string ct = req.get_header_value("Content-Type");
+  if (req.is_multipart_form_data()) {
+    // Not read at all (the reader would need a multipart callback); the connection closes so the
+    // unread bytes are never taken for the next request.
+    res.set_header("Connection", "close");
+    reply_error(res, *check_body_type(ct, ""));
+    return false;
+  }
+  if (!reader([&](const char* data, size_t n) {
+        body->append(data, n);
+        return true;
+      }))
+    return false;  // cpp-httplib set the status (413 beyond --max-body-bytes, 400 when cut short)
+  if (auto e = check_body_type(ct, *body)) {
+    reply_error(res, *e);
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
+void HttpServer::Impl::post(
+    const char* path, std::function<void(const httplib::Request&, const std::string&, httplib::Response&)> fn) {
+  svr.Post(path, [fn](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    std::string body;
+    if (read_body(req, res, reader, &body)) fn(req, body, res);
+  });
+}
 
 // What a streaming response needs across provider calls (owned by the provider and releaser).
 struct StreamState {
@@ -136,7 +184,8 @@ struct StreamState {
       : req(std::move(r)), responder(req, std::move(m), tok), job(std::move(j)) {}
 };
 
-void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
+void HttpServer::Impl::generate(const httplib::Request& req, const std::string& body, httplib::Response& res,
+                                Endpoint ep) {
   const bool chat = ep == Endpoint::Chat;
   const std::string id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", random64());
   auto fail_with = [&](const ApiError& e) {
@@ -144,7 +193,7 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
     reply_error(res, e);
   };
   if (draining) return fail_with({503, "server_error", "the server is shutting down", ""});
-  ParseResult pr = parse_request(req.body, ep, defaults);
+  ParseResult pr = parse_request(body, ep, defaults);
   if (pr.error) return fail_with(*pr.error);
   ApiRequest& r = *pr.request;
   if (!r.model.empty() && r.model != opt.model_name)
@@ -214,8 +263,8 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
       });
 }
 
-void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {
-  TokenizeParse p = parse_tokenize(req.body);
+void HttpServer::Impl::tokenize(const std::string& body, httplib::Response& res) {
+  TokenizeParse p = parse_tokenize(body);
   if (p.error) return reply_error(res, *p.error);
   std::vector<int32_t> ids;
   try {
@@ -229,8 +278,8 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
   reply_json(res, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", opt.ctx}});
 }
 
-void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response& res) {
-  DetokenizeParse p = parse_detokenize(req.body, tok.vocab_size());
+void HttpServer::Impl::detokenize(const std::string& body, httplib::Response& res) {
+  DetokenizeParse p = parse_detokenize(body, tok.vocab_size());
   if (p.error) return reply_error(res, *p.error);
   reply_json(res, {{"prompt", utf8_sanitize(tok.decode(p.tokens))}});
 }
@@ -247,10 +296,27 @@ void HttpServer::Impl::routes() {
   const int n_threads = opt.http_threads;
   svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(size_t(n_threads)); };
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;  // preflight: no credentials
     const bool guarded = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
     if (!guarded || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
     reply_error(res, {401, "authentication_error", "missing or wrong API key (send Authorization: Bearer KEY)", ""});
     return httplib::Server::HandlerResponse::Handled;
+  });
+  // CORS on every response, errors and streams included (this runs before headers are written).
+  svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string allow = cors_allow_origin(origins, req.get_header_value("Origin"));
+    if (allow.empty()) return;
+    res.set_header("Access-Control-Allow-Origin", allow);
+    if (allow != "*") res.set_header("Vary", "Origin");
+  });
+  svr.Options(".*", [this](const httplib::Request& req, httplib::Response& res) {
+    res.status = 204;
+    res.set_header("Allow", "GET, POST, OPTIONS");
+    if (cors_allow_origin(origins, req.get_header_value("Origin")).empty()) return;
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+    res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+    res.set_header("Access-Control-Max-Age", "600");
   });
   svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;
@@ -272,23 +338,35 @@ void HttpServer::Impl::routes() {
     if (draining) return reply_error(res, {503, "server_error", "the server is shutting down", ""});
     reply_json(res, {{"status", "ok"}});
   });
+  svr.Get("/version", [this](const httplib::Request&, httplib::Response& res) {
+    reply_json(res, {{"version", opt.version}, {"commit", opt.commit}});
+  });
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    reply_json(res, {{"object", "list"},
-                     {"data", Json::array({{{"id", opt.model_name},
-                                            {"object", "model"},
-                                            {"created", unix_now()},
-                                            {"owned_by", "clawmine"},
-                                            {"max_model_len", opt.ctx}}})}});
+    reply_json(res, {{"object", "list"}, {"data", Json::array({model_card()})}});
+  });
+  // Served names may hold '/' (org/model), so the id is the whole rest of the path.
+  svr.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (id != opt.model_name)
+      return reply_error(res, {404, "NotFoundError",
+                               fmt::format("The model '{}' does not exist (this server serves '{}')", id,
+                                           opt.model_name),
+                               "model"});
+    reply_json(res, model_card());
   });
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
-  svr.Post("/v1/completions",
-           [this](const httplib::Request& q, httplib::Response& s) { generate(q, s, Endpoint::Completions); });
-  svr.Post("/v1/chat/completions",
-           [this](const httplib::Request& q, httplib::Response& s) { generate(q, s, Endpoint::Chat); });
-  svr.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& s) { tokenize(q, s); });
-  svr.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& s) { detokenize(q, s); });
+  post("/v1/completions", [this](const httplib::Request& q, const std::string& b, httplib::Response& s) {
+    generate(q, b, s, Endpoint::Completions);
+  });
+  post("/v1/chat/completions", [this](const httplib::Request& q, const std::string& b, httplib::Response& s) {
+    generate(q, b, s, Endpoint::Chat);
+  });
+  post("/tokenize", [this](const httplib::Request&, const std::string& b, httplib::Response& s) { tokenize(b, s); });
+  post("/detokenize", [this](const httplib::Request&, const std::string& b, httplib::Response& s) {
+    detokenize(b, s);
+  });
 }
 
 HttpServer::HttpServer(Engine& engine, const Tokenizer& tok, Metrics& metrics, RequestDefaults defaults, HttpOptions opt)

@@ -285,12 +285,20 @@ PromptResult build_prompt(const ApiRequest& r, const Tokenizer& tok, int64_t ctx
     }
     if (p.tokens.empty()) bad("prompt", "the prompt encodes to no tokens");
     const int64_t n = int64_t(p.tokens.size());
-    if (n >= ctx) bad("prompt", fmt::format("the prompt has {} tokens; the context holds {}", n, ctx));
+    // vLLM's (and OpenAI's) wording: clients match "maximum context length is N tokens" to tell
+    // an overflow from other 400s and trim their history.
+    if (n >= ctx)
+      bad("prompt", fmt::format("This model's maximum context length is {} tokens. However, your request has {} input "
+                                "tokens (at least one must remain for the completion). Please reduce the length of "
+                                "the input messages.",
+                                ctx, n));
     if (r.max_tokens) {
       p.max_tokens = *r.max_tokens;
       if (n + p.max_tokens > ctx)
-        bad("max_tokens", fmt::format("prompt ({} tokens) plus max_tokens ({}) exceeds the context of {} tokens", n,
-                                      p.max_tokens, ctx));
+        bad("max_tokens", fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
+                                      "tokens ({} in the messages, {} in the completion). Please reduce the length "
+                                      "of the messages or completion.",
+                                      ctx, n + p.max_tokens, n, p.max_tokens));
     } else {
       p.max_tokens = r.endpoint == Endpoint::Chat ? ctx - n : std::min(d.completions_max_tokens, ctx - n);
     }
