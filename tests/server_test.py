@@ -260,6 +260,22 @@ def test_chat_accepts_tool_results(srv):
     assert prompt["count"] > 10
 
 
+def test_tokenize_messages_counts_like_chat(srv):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                                "parameters": {"type": "object",
+                                                               "properties": {"city": {"type": "string"}}}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    for extra in ({"tools": tools}, {"chat_template_kwargs": {"thinking": True}},
+                  {"tools": tools, "chat_template_kwargs": {"thinking": True}}, {"reasoning_effort": "max"}):
+        r = srv.client().chat.completions.create(model="default", messages=msgs, max_tokens=1, temperature=0,
+                                                 extra_body=extra)
+        st, data = srv.raw("POST", "/tokenize", json.dumps({"messages": msgs, **extra}))
+        assert st == 200 and json.loads(data)["count"] == r.usage.prompt_tokens, extra
+    plain = json.loads(srv.raw("POST", "/tokenize", json.dumps({"messages": msgs}))[1])["count"]
+    with_tools = json.loads(srv.raw("POST", "/tokenize", json.dumps({"messages": msgs, "tools": tools}))[1])["count"]
+    assert with_tools > plain + 10
+
+
 def test_stop_strings(srv):
     c = srv.client()
     full = c.completions.create(model="default", prompt=PROMPT, max_tokens=16, temperature=0,

@@ -104,3 +104,18 @@ TEST(ServeWording, ReasoningUnderBothNames) {
     }
   }
 }
+
+TEST(ServeWording, TokenizeMessagesRenderLikeChat) {
+  const std::string body =
+      R"({"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"thinking":true},
+          "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]})";
+  TokenizeParse t = parse_tokenize(body);
+  ASSERT_TRUE(t.request && t.request->chat) << (t.error ? t.error->message : "");
+  ParseResult chat = parse_request(body, Endpoint::Chat, {});
+  ASSERT_TRUE(chat.request);
+  const std::string text = render_chat(*t.request->chat);
+  EXPECT_EQ(text, render_chat(*chat.request));
+  EXPECT_TRUE(has(text, "## Tools")) << text;
+  EXPECT_EQ(tokenizer().encode(text), build_prompt(*chat.request, tokenizer(), 4096, {}).prompt->tokens);
+  EXPECT_TRUE(parse_tokenize(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"bogus"})").error);
+}

@@ -271,7 +271,7 @@ void HttpServer::Impl::tokenize(const std::string& body, httplib::Response& res)
     EncodeOptions eo;
     eo.add_special = p.request->add_special;
     if (p.request->text) ids = tok.encode(*p.request->text, eo);
-    else ids = tok.encode(chat::encode_messages(p.request->messages, chat::ChatOptions{}), eo);
+    else ids = tok.encode(render_chat(*p.request->chat), eo);
   } catch (const std::exception& e) {
     return reply_error(res, {400, "invalid_request_error", e.what(), "messages"});
   }

@@ -264,15 +264,19 @@ ParseResult parse_request(std::string_view body, Endpoint ep, const RequestDefau
   });
 }
 
+std::string render_chat(const ApiRequest& r) {
+  chat::ChatOptions co;
+  co.mode = r.mode;
+  co.reasoning_effort = r.reasoning_effort;
+  return chat::encode_messages(chat_messages(r), co);
+}
+
 PromptResult build_prompt(const ApiRequest& r, const Tokenizer& tok, int64_t ctx, const RequestDefaults& d) {
   return guarded<PromptResult>([&](PromptResult& out) {
     Prompt p;
     if (r.endpoint == Endpoint::Chat) {
-      chat::ChatOptions co;
-      co.mode = r.mode;
-      co.reasoning_effort = r.reasoning_effort;
       try {
-        p.tokens = tok.encode(chat::encode_messages(chat_messages(r), co));
+        p.tokens = tok.encode(render_chat(r));
       } catch (const Error& e) {
         bad("messages", e.what());
       }
@@ -313,10 +317,14 @@ TokenizeParse parse_tokenize(std::string_view body) {
     for (const char* k : {"prompt", "content"})
       if (has(j, k)) r.text = string(j, k);
     if (has(j, "messages")) {
-      if (!j["messages"].is_array()) bad("messages", "'messages' must be an array");
-      r.messages = j["messages"];
+      // Exactly the chat endpoint's parse (tools, tool_choice, response_format,
+      // chat_template_kwargs, reasoning_effort), so the count is the chat prompt's.
+      ApiRequest chat;
+      chat.endpoint = Endpoint::Chat;
+      parse_chat(j, chat);
+      r.chat = std::move(chat);
     }
-    if (!r.text && r.messages.is_null()) bad("prompt", "'prompt' (or 'messages') is required");
+    if (!r.text && !r.chat) bad("prompt", "'prompt' (or 'messages') is required");
     if (has(j, "add_special_tokens")) r.add_special = boolean(j, "add_special_tokens");
     out.request = std::move(r);
   });

@@ -94,11 +94,15 @@ struct PromptResult {
 // ctx. A missing max_tokens is completions_max_tokens (completions) or the rest of the context
 // (chat). Never throws.
 PromptResult build_prompt(const ApiRequest& r, const Tokenizer& tok, int64_t ctx, const RequestDefaults& d);
+// The prompt text of a chat request (DeepSeek-V4 encoding with its tools, response_format and
+// thinking mode), as build_prompt encodes it; /tokenize renders messages with it too. Throws
+// cm::Error on messages the encoder refuses.
+std::string render_chat(const ApiRequest& r);
 
 // /tokenize and /detokenize bodies (vLLM shapes; llama-server's "content" is accepted too).
 struct TokenizeRequest {
   std::optional<std::string> text;           // "prompt" or "content"
-  nlohmann::ordered_json messages;            // or chat messages (encoded like a chat request)
+  std::optional<ApiRequest> chat;             // or "messages", parsed as a chat request is
   bool add_special = false;                   // "add_special_tokens"
 };
 struct TokenizeParse {
