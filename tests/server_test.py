@@ -276,6 +276,25 @@ def test_tokenize_messages_counts_like_chat(srv):
     assert with_tools > plain + 10
 
 
+def test_unknown_fields_logged_or_refused(srv):
+    n_before = sum("fields this server ignores" in l for l in srv.lines)
+    r = srv.client().completions.create(model="default", prompt="x", max_tokens=1, user="alice",
+                                        extra_body={"frobnicate": 1})
+    assert r.usage.completion_tokens >= 1
+    time.sleep(0.2)
+    logged = [l for l in srv.lines if "fields this server ignores" in l][n_before:]
+    assert len(logged) == 1 and "'frobnicate'" in logged[0] and "user" not in logged[0]
+    s = Server("--max-seqs", "2", "--strict-requests")
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            s.client().chat.completions.create(model="default", messages=[{"role": "user", "content": "x"}],
+                                               max_tokens=1, extra_body={"frobnicate": 1, "wibble": 2})
+        assert "'frobnicate', 'wibble'" in str(e.value) and "--strict-requests" in str(e.value)
+        assert s.client().completions.create(model="default", prompt="x", max_tokens=1, user="bob").usage
+    finally:
+        s.stop()
+
+
 def test_stop_strings(srv):
     c = srv.client()
     full = c.completions.create(model="default", prompt=PROMPT, max_tokens=16, temperature=0,

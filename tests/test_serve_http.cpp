@@ -119,3 +119,14 @@ TEST(ServeWording, TokenizeMessagesRenderLikeChat) {
   EXPECT_EQ(tokenizer().encode(text), build_prompt(*chat.request, tokenizer(), 4096, {}).prompt->tokens);
   EXPECT_TRUE(parse_tokenize(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"bogus"})").error);
 }
+
+TEST(ServeWording, UnknownFieldsListedUserAccepted) {
+  ParseResult r = parse_request(R"({"prompt":"x","user":"u1","foo":1,"logit_bias":{}})", Endpoint::Completions, {});
+  ASSERT_TRUE(r.request);
+  EXPECT_EQ(r.request->unknown_fields, (std::vector<std::string>{"foo", "logit_bias"}));
+  // A field of the other endpoint is unknown here.
+  ParseResult c = parse_request(R"({"messages":[{"role":"user","content":"x"}],"prompt":"y","tools":[]})",
+                                Endpoint::Chat, {});
+  ASSERT_TRUE(c.request);
+  EXPECT_EQ(c.request->unknown_fields, std::vector<std::string>{"prompt"});
+}

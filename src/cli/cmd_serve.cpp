@@ -154,6 +154,9 @@ cm::cli::CommandRegistrar reg(
                       "CORS: origins browsers may call from, a comma list (http://localhost:3000,...) or * for any "
                       "(default: none, no CORS headers)")
            ->envname("CLAWMINE_ALLOWED_ORIGINS");
+       app.add_flag("--strict-requests", o->http.strict_requests,
+                    "Refuse a request naming a field the server does not read (400 naming it); by default such "
+                    "fields are named in the log and ignored, as vLLM does");
        return [o] { return run(*o); };
      }});
 

@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fmt/ranges.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -196,6 +197,14 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
   ParseResult pr = parse_request(body, ep, defaults);
   if (pr.error) return fail_with(*pr.error);
   ApiRequest& r = *pr.request;
+  if (!r.unknown_fields.empty()) {
+    const std::string names = fmt::format("'{}'", fmt::join(r.unknown_fields, "', '"));
+    if (opt.strict_requests)
+      return fail_with({400, "invalid_request_error",
+                        fmt::format("unknown request field(s) {} (the server runs with --strict-requests)", names),
+                        r.unknown_fields[0]});
+    std::fprintf(stderr, "%s: the request has fields this server ignores: %s\n", id.c_str(), names.c_str());
+  }
   if (!r.model.empty() && r.model != opt.model_name)
     return fail_with({404, "NotFoundError", fmt::format("The model '{}' does not exist (this server serves '{}')",
                                                          r.model, opt.model_name), "model"});

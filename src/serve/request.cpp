@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "common/error.h"
 #include "tokenizer/tokenizer.h"
@@ -250,6 +251,20 @@ Json chat_messages(const ApiRequest& r) {
   if (!r.response_format.is_null()) msgs[0]["response_format"] = r.response_format;
   return msgs;
 }
+
+
+// The top-level fields this server reads (request.h lists their meaning). `user` is accepted and
+// unused, as vLLM does; everything else is "unknown" (logged, or a 400 with --strict-requests).
+bool known_field(const std::string& k, Endpoint ep) {
+  static const std::set<std::string> common = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+      "repetition_penalty", "seed", "stop", "n", "best_of", "stream", "stream_options", "ignore_eos", "user"};
+  static const std::set<std::string> completions = {"prompt", "logprobs", "echo", "suffix"};
+  static const std::set<std::string> chat = {"messages",         "max_completion_tokens", "tools",
+                                             "tool_choice",      "response_format",       "chat_template_kwargs",
+                                             "reasoning_effort", "logprobs",              "top_logprobs"};
+  return common.count(k) || (ep == Endpoint::Chat ? chat : completions).count(k);
+}
 }  // namespace
 
 ParseResult parse_request(std::string_view body, Endpoint ep, const RequestDefaults& defaults) {
@@ -257,6 +272,8 @@ ParseResult parse_request(std::string_view body, Endpoint ep, const RequestDefau
     Json j = parse_object(body);
     ApiRequest r;
     r.endpoint = ep;
+    for (const auto& [k, v] : j.items())
+      if (!known_field(k, ep)) r.unknown_fields.push_back(k);
     parse_common(j, defaults, r);
     if (ep == Endpoint::Chat) parse_chat(j, r);
     else parse_completions(j, r);

@@ -4,8 +4,9 @@
 // client's input, so a fuzzer can drive exactly what a client can (parse_request, then
 // build_prompt with a tokenizer).
 //
-// Accepted fields (unknown fields are ignored, as OpenAI and vLLM do):
-//   both:  model, max_tokens (chat also max_completion_tokens), temperature [0,2], top_p (0,1],
+// Accepted fields (others are listed in ApiRequest::unknown_fields: the server names them in its
+// log and goes on, as vLLM does, or refuses the request with --strict-requests):
+//   both:  model, user (accepted, unused), max_tokens (chat also max_completion_tokens), temperature [0,2], top_p (0,1],
 //          top_k (-1/0 = off), min_p [0,1], presence_penalty / frequency_penalty [-2,2],
 //          repetition_penalty (0,∞), seed, stop (string or array of up to 16 strings), stream,
 //          stream_options.include_usage, n (only 1), ignore_eos (vLLM extension)
@@ -71,6 +72,7 @@ struct ApiRequest {
   std::vector<std::string> stop;
   bool stream = false, include_usage = false, ignore_eos = false;
   int logprobs = -1;  // -1: off; else how many top alternatives per token (0..20)
+  std::vector<std::string> unknown_fields;  // top-level fields this server does not read
 };
 
 struct ParseResult {
