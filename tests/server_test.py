@@ -295,6 +295,31 @@ def test_unknown_fields_logged_or_refused(srv):
         s.stop()
 
 
+def test_access_log_and_log_file(tmp_path):
+    path = tmp_path / "serve.log"
+    s = Server("--max-seqs", "2", "--log-file", str(path))
+    try:
+        c = s.client()
+        r = c.completions.create(model="default", prompt=PROMPT, max_tokens=3, temperature=0)
+        for _ in c.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=2, stream=True):
+            pass
+        with pytest.raises(openai.BadRequestError):
+            c.completions.create(model="default", prompt="x", max_tokens=100000)
+    finally:
+        s.stop()
+    text = path.read_text()
+    stamp = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\] \[(info|warning|error|debug)\] "
+    assert re.search(stamp + r"clawmine serve: model 'default' on http://", text, re.M), text
+    line = re.search(stamp + r"(%s): 200 prompt=(\d+) output=(\d+) ttft=([\d.]+)s finish=(\w+)$" % r.id, text, re.M)
+    assert line, text
+    assert int(line.group(3)) == r.usage.prompt_tokens and int(line.group(4)) == r.usage.completion_tokens
+    assert line.group(6) == r.choices[0].finish_reason
+    assert re.search(stamp + r"chatcmpl-\w+: 200 prompt=\d+ output=\d+ ttft=[\d.]+s finish=\w+$", text, re.M), text
+    assert re.search(stamp + r"cmpl-\w+: 400 .*maximum context length", text, re.M), text
+    assert sum(f"{r.id}: 200 prompt=" in l for l in s.lines) == 1  # the same line on stderr, once
+
+
 def test_stop_strings(srv):
     c = srv.client()
     full = c.completions.create(model="default", prompt=PROMPT, max_tokens=16, temperature=0,

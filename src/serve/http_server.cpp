@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <fmt/ranges.h>
 #include <httplib.h>
+#include <spdlog/spdlog.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -174,13 +175,25 @@ void HttpServer::Impl::post(
   });
 }
 
+// The access line of a request that reached the engine: one at info when it ends (TTFT counts
+// from the request's arrival to its first token event, queueing and prefill included).
+void log_access(const std::string& id, int status, const Responder& r, double ttft_s) {
+  spdlog::info("{}: {} prompt={} output={} ttft={} finish={}", id, status, r.prompt_tokens(), r.completion_tokens(),
+               ttft_s < 0 ? std::string("-") : fmt::format("{:.3f}s", ttft_s),
+               r.failed() ? "error: " + r.error() : r.done() ? r.finish_reason() : std::string("client left"));
+}
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // What a streaming response needs across provider calls (owned by the provider and releaser).
 struct StreamState {
   ApiRequest req;
   Responder responder;
   std::shared_ptr<Job> job;
   bool started = false;
-  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point arrived, last_write = std::chrono::steady_clock::now();
+  double ttft = -1;
   StreamState(ApiRequest r, ResponseMeta m, const Tokenizer& tok, std::shared_ptr<Job> j)
       : req(std::move(r)), responder(req, std::move(m), tok), job(std::move(j)) {}
 };
@@ -188,9 +201,10 @@ struct StreamState {
 void HttpServer::Impl::generate(const httplib::Request& req, const std::string& body, httplib::Response& res,
                                 Endpoint ep) {
   const bool chat = ep == Endpoint::Chat;
+  const auto arrived = std::chrono::steady_clock::now();
   const std::string id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", random64());
   auto fail_with = [&](const ApiError& e) {
-    std::fprintf(stderr, "%s: %d %s\n", id.c_str(), e.status, e.message.c_str());
+    spdlog::info("{}: {} {}", id, e.status, e.message);
     reply_error(res, e);
   };
   if (draining) return fail_with({503, "server_error", "the server is shutting down", ""});
@@ -203,7 +217,7 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
       return fail_with({400, "invalid_request_error",
                         fmt::format("unknown request field(s) {} (the server runs with --strict-requests)", names),
                         r.unknown_fields[0]});
-    std::fprintf(stderr, "%s: the request has fields this server ignores: %s\n", id.c_str(), names.c_str());
+    spdlog::warn("{}: the request has fields this server ignores: {}", id, names);
   }
   if (!r.model.empty() && r.model != opt.model_name)
     return fail_with({404, "NotFoundError", fmt::format("The model '{}' does not exist (this server serves '{}')",
@@ -232,17 +246,23 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
   if (!r.stream) {
     Responder resp(r, meta, tok);
     const int sock = find_socket(req);
+    double ttft = -1;
     while (!resp.done()) {
-      for (const JobEvent& e : job->pop(200)) resp.consume(e);
+      for (const JobEvent& e : job->pop(200)) {
+        if (ttft < 0 && e.kind == JobEvent::Token) ttft = seconds_since(arrived);
+        resp.consume(e);
+      }
       if (!job->cancelled && peer_closed(sock)) job->cancelled = true;  // the client left: free the slot
     }
     --inflight;
+    log_access(id, resp.failed() ? 500 : 200, resp, ttft);
     if (resp.failed()) return reply_error(res, {500, "server_error", resp.error(), ""});
     res.status = 200;
     res.set_content(resp.body(), "application/json");
     return;
   }
   auto st = std::make_shared<StreamState>(std::move(r), meta, tok, job);
+  st->arrived = arrived;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
@@ -252,7 +272,10 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
           out = st->responder.stream_start();
           st->started = true;
         }
-        for (const JobEvent& e : st->job->pop(out.empty() ? 200 : 0)) out += st->responder.stream(e);
+        for (const JobEvent& e : st->job->pop(out.empty() ? 200 : 0)) {
+          if (st->ttft < 0 && e.kind == JobEvent::Token) st->ttft = seconds_since(st->arrived);
+          out += st->responder.stream(e);
+        }
         const auto now = std::chrono::steady_clock::now();
         // An SSE comment now and then lets a write notice a client that left while queued.
         if (out.empty() && now - st->last_write > std::chrono::milliseconds(500)) out = ": keep-alive\n\n";
@@ -269,6 +292,8 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
       [st, this](bool) {
         if (!st->responder.done()) st->job->cancelled = true;
         --inflight;
+        // A stream's status is 200 once headers went out; a client that left shows as "cancelled".
+        log_access(st->job->spec.id, 200, st->responder, st->ttft);
       });
 }
 

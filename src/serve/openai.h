@@ -44,6 +44,8 @@ class Responder {
   // The opening SSE chunk (chat: the assistant role), sent before any token.
   std::string stream_start();
   std::string finish_reason() const { return finish_reason_; }
+  int64_t prompt_tokens() const { return prompt_tokens_; }
+  int64_t completion_tokens() const { return completion_tokens_; }
 
  private:
   nlohmann::ordered_json chunk(nlohmann::ordered_json choice) const;
