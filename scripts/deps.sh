@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs, if any is missing.
 set -euo pipefail
-pkgs=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev
+pkgs=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev
       libgtest-dev libgmock-dev libcpp-httplib-dev python3 python3-venv)
 bash "$(dirname "$0")/apt_install.sh" "${pkgs[@]}"
 

@@ -97,6 +97,91 @@ def test_health_and_models(srv):
     assert [m.id for m in models] == ["default"]
 
 
+def test_model_retrieve_and_version(srv):
+    c = srv.client()
+    m = c.models.retrieve("default")
+    assert m.id == "default" and m.object == "model"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("gpt-4")
+    assert "gpt-4" in str(e.value)
+    st, data = srv.raw("GET", "/v1/models/gpt-4")
+    err = json.loads(data)["error"]
+    assert st == 404 and err["code"] == 404 and err["type"] == "NotFoundError"
+    st, data = srv.raw("GET", "/version")
+    v = json.loads(data)
+    cli = subprocess.run([BIN, "--version"], capture_output=True, text=True, check=True).stdout
+    assert st == 200 and f"clawmine {v['version']}\n" in cli and f"commit: {v['commit']}\n" in cli
+
+
+def test_cors_off_by_default(srv):
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    c.request("OPTIONS", "/v1/chat/completions", headers={"Origin": "http://a.example",
+                                                         "Access-Control-Request-Method": "POST"})
+    r = c.getresponse()
+    r.read()
+    assert r.status == 204 and r.getheader("Access-Control-Allow-Origin") is None
+    c.request("GET", "/v1/models", headers={"Origin": "http://a.example"})
+    r = c.getresponse()
+    r.read()
+    assert r.status == 200 and r.getheader("Access-Control-Allow-Origin") is None
+    c.close()
+
+
+def test_cors_allowed_origins():
+    s = Server("--max-seqs", "2", "--api-key", "k", "--allowed-origins", "http://a.example,http://localhost:3000")
+    try:
+        def req(method, path, origin, body=None, headers=None):
+            c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+            c.request(method, path, body=body, headers={"Origin": origin, **(headers or {})})
+            r = c.getresponse()
+            r.read()
+            c.close()
+            return r
+        # Preflight: no credentials needed, the asked headers echoed.
+        r = req("OPTIONS", "/v1/chat/completions", "http://localhost:3000",
+                headers={"Access-Control-Request-Method": "POST",
+                         "Access-Control-Request-Headers": "authorization,content-type"})
+        assert r.status == 204
+        assert r.getheader("Access-Control-Allow-Origin") == "http://localhost:3000"
+        assert "POST" in r.getheader("Access-Control-Allow-Methods")
+        assert r.getheader("Access-Control-Allow-Headers") == "authorization,content-type"
+        # The actual request and its errors carry the header; other origins get none.
+        r = req("POST", "/v1/completions", "http://a.example", json.dumps({"prompt": "x", "max_tokens": 1}),
+                {"Authorization": "Bearer k", "Content-Type": "application/json"})
+        assert r.status == 200 and r.getheader("Access-Control-Allow-Origin") == "http://a.example"
+        assert r.getheader("Vary") == "Origin"
+        r = req("POST", "/v1/completions", "http://a.example", "{}")
+        assert r.status == 401 and r.getheader("Access-Control-Allow-Origin") == "http://a.example"
+        assert req("GET", "/health", "http://evil.example").getheader("Access-Control-Allow-Origin") is None
+    finally:
+        s.stop()
+    bad = subprocess.run([BIN, "serve", "-m", MODEL, "--allowed-origins", "*,http://a"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "--allowed-origins" in bad.stderr
+
+
+def curl(*args):
+    return subprocess.run(["curl", "-s", "-w", "\n%{http_code}", *args], capture_output=True, text=True,
+                          check=True).stdout.rsplit("\n", 1)
+
+
+def test_form_encoded_json_and_content_types(srv):
+    url = srv.base + "/v1/completions"
+    # `curl -d` sends application/x-www-form-urlencoded; a 30 KB JSON body is read as JSON (no 413).
+    body = json.dumps({"prompt": "tea " * 7000 + "end", "max_tokens": 1})
+    assert len(body) > 28000
+    out, code = curl("-d", body, url)
+    assert code == "400" and "maximum context length" in out, out[:300]
+    out, code = curl("-d", json.dumps({"prompt": PROMPT, "max_tokens": 2}), url)
+    assert code == "200" and json.loads(out)["usage"]["completion_tokens"] >= 1
+    out, code = curl("-d", "prompt=hello", url)
+    assert code == "415" and "application/json" in json.loads(out)["error"]["message"]
+    out, code = curl("-H", "Content-Type: text/plain", "-d", "{}", url)
+    assert code == "415" and "text/plain" in json.loads(out)["error"]["message"]
+    out, code = curl("-F", "prompt=hello", url)
+    assert code == "415"
+    assert srv.raw("GET", "/health")[0] == 200
+
+
 def test_completion_plain_stream_and_usage(srv):
     c = srv.client()
     r = c.completions.create(model="default", prompt=PROMPT, max_tokens=8, temperature=0)
@@ -145,11 +230,14 @@ def test_chat_thinking_keeps_reasoning_apart(srv):
     m = r.choices[0].message
     reasoning = m.model_extra.get("reasoning_content")
     assert isinstance(reasoning, str)
+    assert m.model_extra.get("reasoning") == reasoning  # vLLM 0.10+'s name, same text
     streamed_r, streamed_c = "", ""
     for ch in c.chat.completions.create(model="default", messages=msgs, max_tokens=24, temperature=0, stream=True,
                                         reasoning_effort="high"):
         for choice in ch.choices:
-            streamed_r += (choice.delta.model_extra or {}).get("reasoning_content") or ""
+            extra = choice.delta.model_extra or {}
+            assert extra.get("reasoning") == extra.get("reasoning_content")
+            streamed_r += extra.get("reasoning_content") or ""
             streamed_c += choice.delta.content or ""
     assert streamed_r == reasoning and streamed_c == (m.content or "")
     for mark in ("<think>", "</think>", "DSML"):
@@ -170,6 +258,66 @@ def test_chat_accepts_tool_results(srv):
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
     prompt = json.loads(srv.raw("POST", "/tokenize", json.dumps({"messages": msgs}))[1])
     assert prompt["count"] > 10
+
+
+def test_tokenize_messages_counts_like_chat(srv):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                                "parameters": {"type": "object",
+                                                               "properties": {"city": {"type": "string"}}}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    for extra in ({"tools": tools}, {"chat_template_kwargs": {"thinking": True}},
+                  {"tools": tools, "chat_template_kwargs": {"thinking": True}}, {"reasoning_effort": "max"}):
+        r = srv.client().chat.completions.create(model="default", messages=msgs, max_tokens=1, temperature=0,
+                                                 extra_body=extra)
+        st, data = srv.raw("POST", "/tokenize", json.dumps({"messages": msgs, **extra}))
+        assert st == 200 and json.loads(data)["count"] == r.usage.prompt_tokens, extra
+    plain = json.loads(srv.raw("POST", "/tokenize", json.dumps({"messages": msgs}))[1])["count"]
+    with_tools = json.loads(srv.raw("POST", "/tokenize", json.dumps({"messages": msgs, "tools": tools}))[1])["count"]
+    assert with_tools > plain + 10
+
+
+def test_unknown_fields_logged_or_refused(srv):
+    n_before = sum("fields this server ignores" in l for l in srv.lines)
+    r = srv.client().completions.create(model="default", prompt="x", max_tokens=1, user="alice",
+                                        extra_body={"frobnicate": 1})
+    assert r.usage.completion_tokens >= 1
+    time.sleep(0.2)
+    logged = [l for l in srv.lines if "fields this server ignores" in l][n_before:]
+    assert len(logged) == 1 and "'frobnicate'" in logged[0] and "user" not in logged[0]
+    s = Server("--max-seqs", "2", "--strict-requests")
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            s.client().chat.completions.create(model="default", messages=[{"role": "user", "content": "x"}],
+                                               max_tokens=1, extra_body={"frobnicate": 1, "wibble": 2})
+        assert "'frobnicate', 'wibble'" in str(e.value) and "--strict-requests" in str(e.value)
+        assert s.client().completions.create(model="default", prompt="x", max_tokens=1, user="bob").usage
+    finally:
+        s.stop()
+
+
+def test_access_log_and_log_file(tmp_path):
+    path = tmp_path / "serve.log"
+    s = Server("--max-seqs", "2", "--log-file", str(path))
+    try:
+        c = s.client()
+        r = c.completions.create(model="default", prompt=PROMPT, max_tokens=3, temperature=0)
+        for _ in c.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=2, stream=True):
+            pass
+        with pytest.raises(openai.BadRequestError):
+            c.completions.create(model="default", prompt="x", max_tokens=100000)
+    finally:
+        s.stop()
+    text = path.read_text()
+    stamp = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\] \[(info|warning|error|debug)\] "
+    assert re.search(stamp + r"clawmine serve: model 'default' on http://", text, re.M), text
+    line = re.search(stamp + r"(%s): 200 prompt=(\d+) output=(\d+) ttft=([\d.]+)s finish=(\w+)$" % r.id, text, re.M)
+    assert line, text
+    assert int(line.group(3)) == r.usage.prompt_tokens and int(line.group(4)) == r.usage.completion_tokens
+    assert line.group(6) == r.choices[0].finish_reason
+    assert re.search(stamp + r"chatcmpl-\w+: 200 prompt=\d+ output=\d+ ttft=[\d.]+s finish=\w+$", text, re.M), text
+    assert re.search(stamp + r"cmpl-\w+: 400 .*maximum context length", text, re.M), text
+    assert sum(f"{r.id}: 200 prompt=" in l for l in s.lines) == 1  # the same line on stderr, once
 
 
 def test_stop_strings(srv):
@@ -297,7 +445,12 @@ def test_malformed_requests_then_healthy(srv):
     assert err(400, "/v1/completions", json.dumps({"max_tokens": 3}))["param"] == "prompt"
     assert err(400, "/v1/completions", json.dumps({"prompt": "x", "temperature": 9}))["param"] == "temperature"
     assert err(400, "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 100000}))["param"] == "max_tokens"
-    assert err(400, "/v1/completions", json.dumps({"prompt": "x " * 1200}))["param"] == "prompt"
+    e = err(400, "/v1/completions", json.dumps({"prompt": "x " * 1200}))
+    assert e["param"] == "prompt" and "This model's maximum context length is 1024 tokens" in e["message"]
+    with pytest.raises(openai.BadRequestError) as too_long:
+        srv.client().chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=5000)
+    assert "maximum context length is 1024 tokens" in str(too_long.value)
     err(400, "/v1/chat/completions", json.dumps({"messages": "hi"}))
     err(400, "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}], "top_p": -1}))
     err(400, "/v1/chat/completions", json.dumps({"messages": [{"role": "tool", "content": 5}]}))

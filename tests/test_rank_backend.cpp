@@ -114,7 +114,6 @@ std::vector<std::vector<int32_t>> serve_jobs(ModelBackend& be, int64_t V) {
   o.max_seqs = 3;
   o.max_step_tokens = 8;
   o.ctx = 48;
-  o.log_requests = false;
   runtime::Engine e(be, &tok, V, o, nullptr);
   std::vector<std::shared_ptr<runtime::Job>> jobs;
   for (int r = 0; r < 5; ++r) {

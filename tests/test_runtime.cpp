@@ -169,7 +169,6 @@ TEST(RuntimeEngine, GenerateMatchesAScheduledJob) {
   o.max_step_tokens = 64;
   o.ctx = 128;
   o.eos_ids = end_of_sequence_ids(m->config, &tok, load_generation_config(kDefault));
-  o.log_requests = false;
   JobSpec spec;
   spec.id = "t";
   spec.prompt = tok.encode("Once upon a time");
@@ -222,7 +221,6 @@ TEST(RuntimeEngine, StopTokenIdsAndMinTokens) {
   EngineOptions o;
   o.max_seqs = 1;
   o.ctx = 128;
-  o.log_requests = false;
   auto be = make_backend(*m, Device::CPU);
   Engine e(*be, &tok, m->config.vocab_size, o, nullptr);
   JobSpec spec;

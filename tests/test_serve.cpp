@@ -361,7 +361,6 @@ TEST(ServeEngine, SameOutputAloneAndInABatchWithChunkedPrefill) {
   o.max_step_tokens = 16;
   o.ctx = 256;
   o.eos_ids = {1};
-  o.log_requests = false;
   // Alone.
   std::vector<std::vector<int32_t>> alone;
   for (int r = 0; r < 10; ++r) {
@@ -399,7 +398,6 @@ TEST(ServeEngine, PrefixReuseAndCancellation) {
   o.max_seqs = 2;
   o.max_step_tokens = 64;
   o.ctx = 256;
-  o.log_requests = false;
   ScriptedBackend be(V);
   Metrics m("t");
   Engine e(be, &tokenizer(), V, o, &m);
@@ -451,7 +449,6 @@ TEST(ServeEngine, StopStringsAndLogprobs) {
   o.max_seqs = 1;
   o.max_step_tokens = 64;
   o.ctx = 64;
-  o.log_requests = false;
   ScriptedBackend be(V);
   Engine e(be, &tokenizer(), V, o, nullptr);
   auto j = make_job(prompt_of(10, 2), 20);
@@ -507,7 +504,6 @@ TEST(ServeEngine, AFailingSequenceEndsAloneTheOthersContinue) {
   o.max_seqs = 3;
   o.max_step_tokens = 64;
   o.ctx = 128;
-  o.log_requests = false;
   ScriptedBackend lone_be(V);
   Engine lone(lone_be, &tokenizer(), V, o, nullptr);
   auto ref = make_job(prompt_of(12, 4), 8);

@@ -12,16 +12,20 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 #include <thread>
 
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "cli/version.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "sampling/generation_config.h"
 #include "seam/backend.h"
 #include "seam/observer.h"
 #include "runtime/engine.h"
 #include "runtime/stop_rule.h"
+#include "serve/http_policy.h"
 #include "serve/http_server.h"
 #include "tokenizer/tokenizer.h"
 #include "runtime/layer_stats.h"
@@ -32,6 +36,7 @@ namespace {
 struct Opts {
   cm::cli::EngineOptions eng;
   cm::serve::HttpOptions http;
+  cm::LogOptions log;
   int32_t max_seqs = 8, max_step_tokens = 256;
   int64_t ctx = 0;  // 0 = the model's max_position_embeddings, at most 4096
 };
@@ -64,10 +69,15 @@ int run(Opts& o) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that left must not kill the server
 
+  cm::setup_logging(o.log);
   if (o.max_seqs < 1) cm::fail("--max-seqs must be >= 1 (got {})", o.max_seqs);
   if (o.max_step_tokens < o.max_seqs)
     cm::fail("--max-step-tokens ({}) must be at least --max-seqs ({})", o.max_step_tokens, o.max_seqs);
   if (o.http.http_threads < 4) cm::fail("--threads-http must be >= 4 (got {})", o.http.http_threads);
+  cm::serve::parse_allowed_origins(o.http.allowed_origins);  // a bad list fails before the model loads
+  const cm::cli::VersionInfo v = cm::cli::version_info();
+  o.http.version = v.version;
+  o.http.commit = v.commit;
 
   auto model = cm::cli::load_model(o.eng);
   const cm::Config& c = model->config;
@@ -79,7 +89,7 @@ int run(Opts& o) {
   const cm::CacheShape shape{o.max_seqs, o.max_step_tokens, o.ctx};
   // The shared flags pick the device (--device auto|cpu|cuda).
   std::unique_ptr<cm::ModelBackend> backend = cm::cli::make_backend(o.eng, *model, &stats, shape);
-  std::fprintf(stderr, "clawmine serve: %.1f MiB of sequence state per slot, %d slots\n",
+  spdlog::info("clawmine serve: {:.1f} MiB of sequence state per slot, {} slots",
                double(backend->bytes_per_slot(shape)) / (1 << 20), o.max_seqs);
 
   if (o.http.model_name.empty()) {
@@ -105,7 +115,7 @@ int run(Opts& o) {
     const timespec tick{0, 100 * 1000 * 1000};
     while (!done) {
       if (sigtimedwait(&sigs, nullptr, &tick) < 0) continue;
-      std::fprintf(stderr, "clawmine serve: draining (a second signal stops at once)\n");
+      spdlog::info("clawmine serve: draining (a second signal stops at once)");
       http.refuse_new();
       while (http.busy() && sigtimedwait(&sigs, nullptr, &tick) < 0) {
       }
@@ -114,15 +124,14 @@ int run(Opts& o) {
       return;
     }
   });
-  std::fprintf(stderr,
-               "clawmine serve: model '%s' on http://%s:%d (device %s, max-seqs %d, max-step-tokens %d, ctx %lld)\n",
-               o.http.model_name.c_str(), o.http.host.c_str(), port, cm::device_name(backend->device()), o.max_seqs, o.max_step_tokens,
-               (long long)o.ctx);
+  spdlog::info("clawmine serve: model '{}' on http://{}:{} (device {}, max-seqs {}, max-step-tokens {}, ctx {})",
+               o.http.model_name, o.http.host, port, cm::device_name(backend->device()), o.max_seqs, o.max_step_tokens,
+               o.ctx);
   http.serve();
   done = true;
   waiter.join();
   engine.stop();
-  std::fprintf(stderr, "clawmine serve: stopped\n");
+  spdlog::info("clawmine serve: stopped");
   return 0;
 }
 
@@ -143,6 +152,17 @@ cm::cli::CommandRegistrar reg(
            ->capture_default_str();
        app.add_option("--max-body-bytes", o->http.max_body_bytes, "Largest request body accepted (413 beyond)")
            ->capture_default_str();
+       app.add_option("--allowed-origins", o->http.allowed_origins,
+                      "CORS: origins browsers may call from, a comma list (http://localhost:3000,...) or * for any "
+                      "(default: none, no CORS headers)")
+           ->envname("CLAWMINE_ALLOWED_ORIGINS");
+       app.add_option("--log-level", o->log.level, "Least severe log lines shown: debug, info, warn, error or off")
+           ->capture_default_str()
+           ->check(CLI::IsMember({"debug", "info", "warn", "error", "off"}));
+       app.add_option("--log-file", o->log.file, "Also append the log to this file (timestamped lines, as on stderr)");
+       app.add_flag("--strict-requests", o->http.strict_requests,
+                    "Refuse a request naming a field the server does not read (400 naming it); by default such "
+                    "fields are named in the log and ignored, as vLLM does");
        return [o] { return run(*o); };
      }});
 

@@ -14,7 +14,6 @@ std::unique_ptr<runtime::Engine> make_cli_engine(ModelBackend& be, const Tokeniz
   o.max_step_tokens = 512;
   o.ctx = ctx;
   o.eos_ids = std::move(eos_ids);
-  o.log_requests = false;
   return std::make_unique<runtime::Engine>(be, tok, vocab, std::move(o), nullptr);
 }
 

@@ -4,15 +4,20 @@
 
 namespace cm::cli {
 
-std::string version_text() {
-  std::string s = "clawmine " CLAWMINE_VERSION "\n";
-  s += "commit: " CLAWMINE_GIT_COMMIT "\n";
-  s += "build type: " CLAWMINE_BUILD_TYPE "\n";
+VersionInfo version_info() {
+  VersionInfo v{CLAWMINE_VERSION, CLAWMINE_GIT_COMMIT, CLAWMINE_BUILD_TYPE, false, CLAWMINE_CUDA_ARCHS};
 #ifdef CLAWMINE_HAVE_CUDA
-  s += "CUDA backend: on (GPU architectures: " CLAWMINE_CUDA_ARCHS ")\n";
-#else
-  s += "CUDA backend: off\n";
+  v.cuda = true;
 #endif
+  return v;
+}
+
+std::string version_text() {
+  const VersionInfo v = version_info();
+  std::string s = "clawmine " + v.version + "\n";
+  s += "commit: " + v.commit + "\n";
+  s += "build type: " + v.build_type + "\n";
+  s += v.cuda ? "CUDA backend: on (GPU architectures: " + v.cuda_archs + ")\n" : std::string("CUDA backend: off\n");
   return s;
 }
 

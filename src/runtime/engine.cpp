@@ -363,13 +363,6 @@ void Engine::finish(Seq& s, const std::string& reason, bool eos, const std::stri
   ev.completion_tokens = s.generated;
   ev.cached_tokens = s.reused;
   const auto now = Clock::now();
-  if (opt_.log_requests) {
-    const double ttft = s.generated > 0 ? seconds(s.arrival, s.first_token) : 0.0;
-    const double gen_s = s.generated > 1 ? seconds(s.first_token, s.last_token) : 0.0;
-    std::fprintf(stderr, "%s: prompt %lld tokens (%lld reused), output %lld tokens, ttft %.3f s, %.1f tok/s, %s\n",
-                 s.job->spec.id.c_str(), (long long)ev.prompt_tokens, (long long)s.reused, (long long)s.generated, ttft,
-                 gen_s > 0 ? double(s.generated - 1) / gen_s : 0.0, reason.c_str());
-  }
   if (metrics_) {
     metrics_->request_finished(reason);
     metrics_->observe_e2e(seconds(s.arrival, now));

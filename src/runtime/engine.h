@@ -99,7 +99,6 @@ struct EngineOptions {
   int32_t max_step_tokens = 512;
   int64_t ctx = 4096;
   std::vector<int32_t> eos_ids;    // ids that end a sequence (config, tokenizer, generation_config)
-  bool log_requests = true;        // one stderr line per finished request
   // Called by the engine thread after an iteration that found nothing to do (at least every 50 ms
   // while idle): a server over many ranks passes its LeaderBackend's keepalive here.
   std::function<void()> on_idle;

@@ -6,7 +6,9 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fmt/ranges.h>
 #include <httplib.h>
+#include <spdlog/spdlog.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -15,12 +17,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <thread>
 
 #include "chat/dsv4.h"
 #include "common/error.h"
+#include "serve/http_policy.h"
 #include "serve/openai.h"
 #include "tokenizer/tokenizer.h"
 
@@ -81,7 +85,7 @@ const char* reason_phrase(int status) {
   switch (status) {
     case 404: return "not found";
     case 405: return "method not allowed";
-    case 413: return "request body too large";
+    case 413: return "request body too large (see --max-body-bytes)";
     case 414: return "request URI too long";
     default: return "request failed";
   }
@@ -100,9 +104,11 @@ struct HttpServer::Impl {
   int listen_fd = -1;
   std::mutex rng_mu;
   std::mt19937_64 rng{std::random_device{}()};
+  std::vector<std::string> origins;  // parsed --allowed-origins (empty: no CORS)
 
   Impl(runtime::Engine& e, const Tokenizer& t, Metrics& m, RequestDefaults d, HttpOptions o)
-      : engine(e), tok(t), metrics(m), defaults(std::move(d)), opt(std::move(o)) {}
+      : engine(e), tok(t), metrics(m), defaults(std::move(d)), opt(std::move(o)),
+        origins(parse_allowed_origins(opt.allowed_origins)) {}
 
   uint64_t random64() {
     std::lock_guard<std::mutex> l(rng_mu);
@@ -119,11 +125,66 @@ struct HttpServer::Impl {
     return diff == 0;
   }
 
+  Json model_card() const {
+    return {{"id", opt.model_name},  {"object", "model"},        {"created", unix_now()},
+            {"owned_by", "clawmine"}, {"max_model_len", opt.ctx}};
+  }
+
   void routes();
-  void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
-  void tokenize(const httplib::Request& req, httplib::Response& res);
-  void detokenize(const httplib::Request& req, httplib::Response& res);
+  void generate(const httplib::Request& req, const std::string& body, httplib::Response& res, Endpoint ep);
+  void tokenize(const std::string& body, httplib::Response& res);
+  void detokenize(const std::string& body, httplib::Response& res);
+  // A POST route that reads its body itself (see read_body) and hands it to `fn`.
+  void post(const char* path, std::function<void(const httplib::Request&, const std::string&, httplib::Response&)> fn);
 };
+
+namespace {
+// The body of a JSON endpoint, read here rather than by cpp-httplib: the library parses an
+// application/x-www-form-urlencoded body into form fields and refuses one over 8 KiB with a
+// 413 (a limit compiled into Debian's shared library), which is what `curl -d @prompt.json`
+// sends. Through a content reader the only limit is --max-body-bytes. False (the response set)
+// when the body is too large or not of a JSON type (check_body_type).
+bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+               std::string* body) {
+  const std::string ct = req.get_header_value("Content-Type");
+  if (req.is_multipart_form_data()) {
+    // Not read at all (the reader would need a multipart callback); the connection closes so the
+    // unread bytes are never taken for the next request.
+    res.set_header("Connection", "close");
+    reply_error(res, *check_body_type(ct, ""));
+    return false;
+  }
+  if (!reader([&](const char* data, size_t n) {
+        body->append(data, n);
+        return true;
+      }))
+    return false;  // cpp-httplib set the status (413 beyond --max-body-bytes, 400 when cut short)
+  if (auto e = check_body_type(ct, *body)) {
+    reply_error(res, *e);
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
+void HttpServer::Impl::post(
+    const char* path, std::function<void(const httplib::Request&, const std::string&, httplib::Response&)> fn) {
+  svr.Post(path, [fn](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    std::string body;
+    if (read_body(req, res, reader, &body)) fn(req, body, res);
+  });
+}
+
+// The access line of a request that reached the engine: one at info when it ends (TTFT counts
+// from the request's arrival to its first token event, queueing and prefill included).
+void log_access(const std::string& id, int status, const Responder& r, double ttft_s) {
+  spdlog::info("{}: {} prompt={} output={} ttft={} finish={}", id, status, r.prompt_tokens(), r.completion_tokens(),
+               ttft_s < 0 ? std::string("-") : fmt::format("{:.3f}s", ttft_s),
+               r.failed() ? "error: " + r.error() : r.done() ? r.finish_reason() : std::string("client left"));
+}
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // What a streaming response needs across provider calls (owned by the provider and releaser).
 struct StreamState {
@@ -131,22 +192,33 @@ struct StreamState {
   Responder responder;
   std::shared_ptr<Job> job;
   bool started = false;
-  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point arrived, last_write = std::chrono::steady_clock::now();
+  double ttft = -1;
   StreamState(ApiRequest r, ResponseMeta m, const Tokenizer& tok, std::shared_ptr<Job> j)
       : req(std::move(r)), responder(req, std::move(m), tok), job(std::move(j)) {}
 };
 
-void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
+void HttpServer::Impl::generate(const httplib::Request& req, const std::string& body, httplib::Response& res,
+                                Endpoint ep) {
   const bool chat = ep == Endpoint::Chat;
+  const auto arrived = std::chrono::steady_clock::now();
   const std::string id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", random64());
   auto fail_with = [&](const ApiError& e) {
-    std::fprintf(stderr, "%s: %d %s\n", id.c_str(), e.status, e.message.c_str());
+    spdlog::info("{}: {} {}", id, e.status, e.message);
     reply_error(res, e);
   };
   if (draining) return fail_with({503, "server_error", "the server is shutting down", ""});
-  ParseResult pr = parse_request(req.body, ep, defaults);
+  ParseResult pr = parse_request(body, ep, defaults);
   if (pr.error) return fail_with(*pr.error);
   ApiRequest& r = *pr.request;
+  if (!r.unknown_fields.empty()) {
+    const std::string names = fmt::format("'{}'", fmt::join(r.unknown_fields, "', '"));
+    if (opt.strict_requests)
+      return fail_with({400, "invalid_request_error",
+                        fmt::format("unknown request field(s) {} (the server runs with --strict-requests)", names),
+                        r.unknown_fields[0]});
+    spdlog::warn("{}: the request has fields this server ignores: {}", id, names);
+  }
   if (!r.model.empty() && r.model != opt.model_name)
     return fail_with({404, "NotFoundError", fmt::format("The model '{}' does not exist (this server serves '{}')",
                                                          r.model, opt.model_name), "model"});
@@ -176,17 +248,23 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
   if (!r.stream) {
     Responder resp(r, meta, tok);
     const int sock = find_socket(req);
+    double ttft = -1;
     while (!resp.done()) {
-      for (const JobEvent& e : job->pop(200)) resp.consume(e);
+      for (const JobEvent& e : job->pop(200)) {
+        if (ttft < 0 && e.kind == JobEvent::Token) ttft = seconds_since(arrived);
+        resp.consume(e);
+      }
       if (!job->cancelled && peer_closed(sock)) job->cancelled = true;  // the client left: free the slot
     }
     --inflight;
+    log_access(id, resp.failed() ? 500 : 200, resp, ttft);
     if (resp.failed()) return reply_error(res, {500, "server_error", resp.error(), ""});
     res.status = 200;
     res.set_content(resp.body(), "application/json");
     return;
   }
   auto st = std::make_shared<StreamState>(std::move(r), meta, tok, job);
+  st->arrived = arrived;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
@@ -196,7 +274,10 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
           out = st->responder.stream_start();
           st->started = true;
         }
-        for (const JobEvent& e : st->job->pop(out.empty() ? 200 : 0)) out += st->responder.stream(e);
+        for (const JobEvent& e : st->job->pop(out.empty() ? 200 : 0)) {
+          if (st->ttft < 0 && e.kind == JobEvent::Token) st->ttft = seconds_since(st->arrived);
+          out += st->responder.stream(e);
+        }
         const auto now = std::chrono::steady_clock::now();
         // An SSE comment now and then lets a write notice a client that left while queued.
         if (out.empty() && now - st->last_write > std::chrono::milliseconds(500)) out = ": keep-alive\n\n";
@@ -213,26 +294,28 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
       [st, this](bool) {
         if (!st->responder.done()) st->job->cancelled = true;
         --inflight;
+        // A stream's status is 200 once headers went out; a client that left shows as "cancelled".
+        log_access(st->job->spec.id, 200, st->responder, st->ttft);
       });
 }
 
-void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {
-  TokenizeParse p = parse_tokenize(req.body);
+void HttpServer::Impl::tokenize(const std::string& body, httplib::Response& res) {
+  TokenizeParse p = parse_tokenize(body);
   if (p.error) return reply_error(res, *p.error);
   std::vector<int32_t> ids;
   try {
     EncodeOptions eo;
     eo.add_special = p.request->add_special;
     if (p.request->text) ids = tok.encode(*p.request->text, eo);
-    else ids = tok.encode(chat::encode_messages(p.request->messages, chat::ChatOptions{}), eo);
+    else ids = tok.encode(render_chat(*p.request->chat), eo);
   } catch (const std::exception& e) {
     return reply_error(res, {400, "invalid_request_error", e.what(), "messages"});
   }
   reply_json(res, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", opt.ctx}});
 }
 
-void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response& res) {
-  DetokenizeParse p = parse_detokenize(req.body, tok.vocab_size());
+void HttpServer::Impl::detokenize(const std::string& body, httplib::Response& res) {
+  DetokenizeParse p = parse_detokenize(body, tok.vocab_size());
   if (p.error) return reply_error(res, *p.error);
   reply_json(res, {{"prompt", utf8_sanitize(tok.decode(p.tokens))}});
 }
@@ -249,10 +332,27 @@ void HttpServer::Impl::routes() {
   const int n_threads = opt.http_threads;
   svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(size_t(n_threads)); };
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;  // preflight: no credentials
     const bool guarded = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
     if (!guarded || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
     reply_error(res, {401, "authentication_error", "missing or wrong API key (send Authorization: Bearer KEY)", ""});
     return httplib::Server::HandlerResponse::Handled;
+  });
+  // CORS on every response, errors and streams included (this runs before headers are written).
+  svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string allow = cors_allow_origin(origins, req.get_header_value("Origin"));
+    if (allow.empty()) return;
+    res.set_header("Access-Control-Allow-Origin", allow);
+    if (allow != "*") res.set_header("Vary", "Origin");
+  });
+  svr.Options(".*", [this](const httplib::Request& req, httplib::Response& res) {
+    res.status = 204;
+    res.set_header("Allow", "GET, POST, OPTIONS");
+    if (cors_allow_origin(origins, req.get_header_value("Origin")).empty()) return;
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+    res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+    res.set_header("Access-Control-Max-Age", "600");
   });
   svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;
@@ -274,23 +374,35 @@ void HttpServer::Impl::routes() {
     if (draining) return reply_error(res, {503, "server_error", "the server is shutting down", ""});
     reply_json(res, {{"status", "ok"}});
   });
+  svr.Get("/version", [this](const httplib::Request&, httplib::Response& res) {
+    reply_json(res, {{"version", opt.version}, {"commit", opt.commit}});
+  });
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    reply_json(res, {{"object", "list"},
-                     {"data", Json::array({{{"id", opt.model_name},
-                                            {"object", "model"},
-                                            {"created", unix_now()},
-                                            {"owned_by", "clawmine"},
-                                            {"max_model_len", opt.ctx}}})}});
+    reply_json(res, {{"object", "list"}, {"data", Json::array({model_card()})}});
+  });
+  // Served names may hold '/' (org/model), so the id is the whole rest of the path.
+  svr.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (id != opt.model_name)
+      return reply_error(res, {404, "NotFoundError",
+                               fmt::format("The model '{}' does not exist (this server serves '{}')", id,
+                                           opt.model_name),
+                               "model"});
+    reply_json(res, model_card());
   });
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
-  svr.Post("/v1/completions",
-           [this](const httplib::Request& q, httplib::Response& s) { generate(q, s, Endpoint::Completions); });
-  svr.Post("/v1/chat/completions",
-           [this](const httplib::Request& q, httplib::Response& s) { generate(q, s, Endpoint::Chat); });
-  svr.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& s) { tokenize(q, s); });
-  svr.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& s) { detokenize(q, s); });
+  post("/v1/completions", [this](const httplib::Request& q, const std::string& b, httplib::Response& s) {
+    generate(q, b, s, Endpoint::Completions);
+  });
+  post("/v1/chat/completions", [this](const httplib::Request& q, const std::string& b, httplib::Response& s) {
+    generate(q, b, s, Endpoint::Chat);
+  });
+  post("/tokenize", [this](const httplib::Request&, const std::string& b, httplib::Response& s) { tokenize(b, s); });
+  post("/detokenize", [this](const httplib::Request&, const std::string& b, httplib::Response& s) {
+    detokenize(b, s);
+  });
 }
 
 HttpServer::HttpServer(runtime::Engine& engine, const Tokenizer& tok, Metrics& metrics, RequestDefaults defaults, HttpOptions opt)

@@ -1,9 +1,11 @@
 // The HTTP front of `clawmine serve` (cpp-httplib): routes, auth, body limit, SSE streaming and
 // draining. Handlers only parse and validate (serve/request.h), submit a Job to the Engine and
 // relay its events (serve/openai.h); they never touch model state. Endpoints:
-//   GET /health  GET /v1/models  GET /metrics
+//   GET /health  GET /version  GET /v1/models  GET /v1/models/{id}  GET /metrics
 //   POST /v1/completions  POST /v1/chat/completions  POST /tokenize  POST /detokenize
+//   OPTIONS * (CORS preflight; answered without auth, as browsers send it without credentials)
 // With an API key, /v1/*, /tokenize and /detokenize need "Authorization: Bearer KEY".
+// With --allowed-origins, responses to a listed Origin carry CORS headers (none by default).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -29,6 +31,9 @@ struct HttpOptions {
   int http_threads = 256;          // concurrent connections served (each stream holds one)
   int64_t ctx = 4096;
   int64_t vocab = 0;               // the model's vocabulary (prompt ids must be below it)
+  std::string allowed_origins;     // --allowed-origins: "" = no CORS, "*", or a comma list
+  bool strict_requests = false;    // --strict-requests: unknown request fields are a 400
+  std::string version, commit;     // what GET /version answers (the binary's build)
 };
 
 class HttpServer {

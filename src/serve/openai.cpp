@@ -14,6 +14,13 @@ std::string sse(const Json& j) {
 }
 
 namespace {
+// Reasoning goes out under both names: reasoning_content (DeepSeek API, vLLM before 0.10, most
+// clients) and reasoning (vLLM 0.10+, OpenRouter), so a client reading either finds it.
+void set_reasoning(Json& j, const std::string& text) {
+  j["reasoning_content"] = text;
+  j["reasoning"] = text;
+}
+
 Json token_bytes_json(const std::string& b) {
   Json a = Json::array();
   for (unsigned char c : b) a.push_back(int(c));
@@ -106,7 +113,7 @@ std::string Responder::finish_chat(const JobEvent& e, bool streaming) {
   if (!streaming) return "";
   std::string out;
   Json delta = Json::object();
-  if (!final_.delta.reasoning.empty()) delta["reasoning_content"] = final_.delta.reasoning;
+  if (!final_.delta.reasoning.empty()) set_reasoning(delta, final_.delta.reasoning);
   if (!final_.delta.content.empty()) delta["content"] = final_.delta.content;
   if (!final_.tool_calls.empty()) delta["tool_calls"] = tool_calls_json(final_.tool_calls, meta_.id, true);
   out += sse(chunk({{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish_reason_}}));
@@ -121,7 +128,7 @@ std::string Responder::stream(const JobEvent& e) {
       ChatStreamer::Delta d = chat_.push(e.text);
       if (d.reasoning.empty() && d.content.empty() && !want_lp) return "";
       Json delta = Json::object();
-      if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+      if (!d.reasoning.empty()) set_reasoning(delta, d.reasoning);
       if (!d.content.empty() || d.reasoning.empty()) delta["content"] = d.content;
       Json lp = want_lp ? Json{{"content", chat_logprobs(e.tokens)}} : Json();
       return sse(chunk({{"index", 0}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", nullptr}}));
@@ -152,7 +159,7 @@ std::string Responder::stream(const JobEvent& e) {
     if (!e.text.empty()) {
       ChatStreamer::Delta d = chat_.push(e.text);
       Json delta = Json::object();
-      if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+      if (!d.reasoning.empty()) set_reasoning(delta, d.reasoning);
       if (!d.content.empty()) delta["content"] = d.content;
       if (!delta.empty())
         out += sse(chunk({{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
@@ -207,7 +214,7 @@ std::string Responder::body() const {
   if (chat) {
     Json msg = {{"role", "assistant"}};
     msg["content"] = final_.content.empty() && !final_.tool_calls.empty() ? Json() : Json(final_.content);
-    if (req_.mode == chat::Mode::Thinking) msg["reasoning_content"] = final_.reasoning;
+    if (req_.mode == chat::Mode::Thinking) set_reasoning(msg, final_.reasoning);
     if (!final_.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(final_.tool_calls, meta_.id, false);
     choice["message"] = msg;
     choice["logprobs"] = req_.logprobs >= 0 ? Json{{"content", chat_lp_}} : Json();

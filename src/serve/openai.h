@@ -5,7 +5,8 @@
 // scripted model outputs.
 //
 // Streams follow OpenAI: chat chunks are "chat.completion.chunk" objects whose first delta
-// carries the role; reasoning arrives in delta.reasoning_content (vLLM / DeepSeek API field);
+// carries the role; reasoning arrives in delta.reasoning_content (DeepSeek API field) and, with
+// the same text, delta.reasoning (vLLM 0.10+); the message has both too;
 // tool calls come in one delta with finish_reason "tool_calls"; with
 // stream_options.include_usage a last chunk has empty choices and the usage; then
 // "data: [DONE]". A generation error ends the stream with a data: {"error": ...} event.
@@ -50,6 +51,8 @@ class Responder {
   // The opening SSE chunk (chat: the assistant role), sent before any token.
   std::string stream_start();
   std::string finish_reason() const { return finish_reason_; }
+  int64_t prompt_tokens() const { return prompt_tokens_; }
+  int64_t completion_tokens() const { return completion_tokens_; }
 
  private:
   nlohmann::ordered_json chunk(nlohmann::ordered_json choice) const;

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "common/error.h"
 #include "tokenizer/tokenizer.h"
@@ -264,6 +265,20 @@ Json chat_messages(const ApiRequest& r) {
   if (!r.response_format.is_null()) msgs[0]["response_format"] = r.response_format;
   return msgs;
 }
+
+
+// The top-level fields this server reads (request.h lists their meaning). `user` is accepted and
+// unused, as vLLM does; everything else is "unknown" (logged, or a 400 with --strict-requests).
+bool known_field(const std::string& k, Endpoint ep) {
+  static const std::set<std::string> common = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+      "repetition_penalty", "seed", "stop", "n", "best_of", "stream", "stream_options", "ignore_eos", "user"};
+  static const std::set<std::string> completions = {"prompt", "logprobs", "echo", "suffix"};
+  static const std::set<std::string> chat = {"messages",         "max_completion_tokens", "tools",
+                                             "tool_choice",      "response_format",       "chat_template_kwargs",
+                                             "reasoning_effort", "logprobs",              "top_logprobs"};
+  return common.count(k) || (ep == Endpoint::Chat ? chat : completions).count(k);
+}
 }  // namespace
 
 ParseResult parse_request(std::string_view body, Endpoint ep, const RequestDefaults& defaults) {
@@ -271,6 +286,8 @@ ParseResult parse_request(std::string_view body, Endpoint ep, const RequestDefau
     Json j = parse_object(body);
     ApiRequest r;
     r.endpoint = ep;
+    for (const auto& [k, v] : j.items())
+      if (!known_field(k, ep)) r.unknown_fields.push_back(k);
     parse_common(j, defaults, r);
     if (ep == Endpoint::Chat) parse_chat(j, r);
     else parse_completions(j, r);
@@ -278,15 +295,19 @@ ParseResult parse_request(std::string_view body, Endpoint ep, const RequestDefau
   });
 }
 
+std::string render_chat(const ApiRequest& r) {
+  chat::ChatOptions co;
+  co.mode = r.mode;
+  co.reasoning_effort = r.reasoning_effort;
+  return chat::encode_messages(chat_messages(r), co);
+}
+
 PromptResult build_prompt(const ApiRequest& r, const Tokenizer& tok, int64_t ctx, const RequestDefaults& d) {
   return guarded<PromptResult>([&](PromptResult& out) {
     Prompt p;
     if (r.endpoint == Endpoint::Chat) {
-      chat::ChatOptions co;
-      co.mode = r.mode;
-      co.reasoning_effort = r.reasoning_effort;
       try {
-        p.tokens = tok.encode(chat::encode_messages(chat_messages(r), co));
+        p.tokens = tok.encode(render_chat(r));
       } catch (const Error& e) {
         bad("messages", e.what());
       }
@@ -299,12 +320,20 @@ PromptResult build_prompt(const ApiRequest& r, const Tokenizer& tok, int64_t ctx
     }
     if (p.tokens.empty()) bad("prompt", "the prompt encodes to no tokens");
     const int64_t n = int64_t(p.tokens.size());
-    if (n >= ctx) bad("prompt", fmt::format("the prompt has {} tokens; the context holds {}", n, ctx));
+    // vLLM's (and OpenAI's) wording: clients match "maximum context length is N tokens" to tell
+    // an overflow from other 400s and trim their history.
+    if (n >= ctx)
+      bad("prompt", fmt::format("This model's maximum context length is {} tokens. However, your request has {} input "
+                                "tokens (at least one must remain for the completion). Please reduce the length of "
+                                "the input messages.",
+                                ctx, n));
     if (r.max_tokens) {
       p.max_tokens = *r.max_tokens;
       if (n + p.max_tokens > ctx)
-        bad("max_tokens", fmt::format("prompt ({} tokens) plus max_tokens ({}) exceeds the context of {} tokens", n,
-                                      p.max_tokens, ctx));
+        bad("max_tokens", fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
+                                      "tokens ({} in the messages, {} in the completion). Please reduce the length "
+                                      "of the messages or completion.",
+                                      ctx, n + p.max_tokens, n, p.max_tokens));
     } else {
       p.max_tokens = r.endpoint == Endpoint::Chat ? ctx - n : std::min(d.completions_max_tokens, ctx - n);
     }
@@ -319,10 +348,14 @@ TokenizeParse parse_tokenize(std::string_view body) {
     for (const char* k : {"prompt", "content"})
       if (has(j, k)) r.text = string(j, k);
     if (has(j, "messages")) {
-      if (!j["messages"].is_array()) bad("messages", "'messages' must be an array");
-      r.messages = j["messages"];
+      // Exactly the chat endpoint's parse (tools, tool_choice, response_format,
+      // chat_template_kwargs, reasoning_effort), so the count is the chat prompt's.
+      ApiRequest chat;
+      chat.endpoint = Endpoint::Chat;
+      parse_chat(j, chat);
+      r.chat = std::move(chat);
     }
-    if (!r.text && r.messages.is_null()) bad("prompt", "'prompt' (or 'messages') is required");
+    if (!r.text && !r.chat) bad("prompt", "'prompt' (or 'messages') is required");
     if (has(j, "add_special_tokens")) r.add_special = boolean(j, "add_special_tokens");
     out.request = std::move(r);
   });

@@ -4,8 +4,9 @@
 // client's input, so a fuzzer can drive exactly what a client can (parse_request, then
 // build_prompt with a tokenizer).
 //
-// Accepted fields (unknown fields are ignored, as OpenAI and vLLM do):
-//   both:  model, max_tokens (chat also max_completion_tokens), temperature [0,2], top_p (0,1],
+// Accepted fields (others are listed in ApiRequest::unknown_fields: the server names them in its
+// log and goes on, as vLLM does, or refuses the request with --strict-requests):
+//   both:  model, user (accepted, unused), max_tokens (chat also max_completion_tokens), temperature [0,2], top_p (0,1],
 //          top_k (-1/0 = off), min_p [0,1], presence_penalty / frequency_penalty [-2,2],
 //          repetition_penalty (0,∞), seed, stop (string or array of up to 16 strings), stream,
 //          stream_options.include_usage, n (only 1), ignore_eos, stop_token_ids, min_tokens (vLLM extensions)
@@ -73,6 +74,7 @@ struct ApiRequest {
   std::vector<int32_t> stop_token_ids;  // end like EOS
   int64_t min_tokens = 0;               // EOS and stop ids are not sampled before this many tokens
   int logprobs = -1;  // -1: off; else how many top alternatives per token (0..20)
+  std::vector<std::string> unknown_fields;  // top-level fields this server does not read
 };
 
 struct ParseResult {
@@ -96,11 +98,15 @@ struct PromptResult {
 // ctx. A missing max_tokens is completions_max_tokens (completions) or the rest of the context
 // (chat). Never throws.
 PromptResult build_prompt(const ApiRequest& r, const Tokenizer& tok, int64_t ctx, const RequestDefaults& d);
+// The prompt text of a chat request (DeepSeek-V4 encoding with its tools, response_format and
+// thinking mode), as build_prompt encodes it; /tokenize renders messages with it too. Throws
+// cm::Error on messages the encoder refuses.
+std::string render_chat(const ApiRequest& r);
 
 // /tokenize and /detokenize bodies (vLLM shapes; llama-server's "content" is accepted too).
 struct TokenizeRequest {
   std::optional<std::string> text;           // "prompt" or "content"
-  nlohmann::ordered_json messages;            // or chat messages (encoded like a chat request)
+  std::optional<ApiRequest> chat;             // or "messages", parsed as a chat request is
   bool add_special = false;                   // "add_special_tokens"
 };
 struct TokenizeParse {
