@@ -147,7 +147,7 @@ cm::cli::CommandRegistrar reg(
        app.add_option("--max-seqs", o->max_seqs, "Sequences decoded together (slots)")->capture_default_str();
        app.add_option("--max-step-tokens", o->max_step_tokens, "Tokens per engine step (decode + prefill chunks)")
            ->capture_default_str();
-       app.add_option("--ctx", o->ctx, "Context per sequence (default: the model's max_position_embeddings, at most 4096)");
+       app.add_option("-c,--ctx-size,--ctx", o->ctx, "Context per sequence (default: the model's max_position_embeddings, at most 4096)");
        app.add_option("--threads-http", o->http.http_threads, "HTTP worker threads (each open stream holds one)")
            ->capture_default_str();
        app.add_option("--max-body-bytes", o->http.max_body_bytes, "Largest request body accepted (413 beyond)")

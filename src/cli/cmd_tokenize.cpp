@@ -8,6 +8,9 @@
 #include <memory>
 #include <sstream>
 
+#include <unistd.h>
+
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "common/error.h"
@@ -79,7 +82,8 @@ cm::cli::CommandRegistrar reg_tokenize({"tokenize", "Print the token ids of a te
   auto o = std::make_shared<TokenizeOptions>();
   cm::cli::add_model_option(app, o->model, &o->model_flag);
   auto* p = app.add_option("-p,--prompt", o->prompt, "Text to tokenize");
-  auto* f = app.add_option("-f,--file", o->file, "File whose exact bytes are tokenized");
+  auto* f = app.add_option("-f,--file", o->file, "File whose exact bytes are tokenized (- = stdin; with no -p/-f, "
+                                                 "a text piped into stdin is read)");
   auto* b = app.add_option("--batch-hex", o->batch_hex,
                            "File with one hex-encoded input per line; prints one line of ids each");
   p->excludes(f)->excludes(b);
@@ -88,7 +92,10 @@ cm::cli::CommandRegistrar reg_tokenize({"tokenize", "Print the token ids of a te
   app.add_flag("--add-special", o->add_special, "Add BOS/EOS as tokenizer_config.json asks");
   app.add_flag("--time", o->time, "Print encode speed (MB/s) on stderr");
   return [o, p, f, b]() -> int {
-    CM_CHECK(p->count() + f->count() + b->count() == 1, "tokenize: give one of -p TEXT, --file F, --batch-hex F");
+    CM_CHECK(p->count() + f->count() + b->count() <= 1, "tokenize: give one of -p TEXT, --file F, --batch-hex F");
+    // As generate: -f - reads stdin, and with no input flag a text piped into stdin is read.
+    if (p->count() + f->count() + b->count() == 0 && ::isatty(STDIN_FILENO))
+      cm::fail("tokenize: no text: give -p TEXT, -f FILE (- for stdin) or --batch-hex FILE, or pipe the text into stdin");
     cm::Tokenizer tok = cm::Tokenizer::load(cm::cli::resolve_model(o->model, o->model_flag));
     cm::EncodeOptions eo{.parse_special = !o->no_special, .add_special = o->add_special};
     if (b->count()) {
@@ -102,7 +109,14 @@ cm::cli::CommandRegistrar reg_tokenize({"tokenize", "Print the token ids of a te
       std::fwrite(out.data(), 1, out.size(), stdout);
       return 0;
     }
-    std::string text = f->count() ? read_all(o->file, "--file") : o->prompt;
+    // A path must be a regular file (a FIFO or device would block or never end); "-" is stdin.
+    std::string text = f->count() ? (o->file == "-" ? cm::cli::read_text_file("-", "-f/--file")
+                                                    : read_all(o->file, "--file"))
+                       : p->count() ? o->prompt
+                                    : cm::cli::read_text_file("-", "stdin");
+    // No flag and nothing piped (stdin empty or /dev/null) is a missing input, not an empty text.
+    CM_CHECK(!text.empty() || p->count() || f->count(),
+             "tokenize: no text: give -p TEXT, -f FILE (- for stdin) or --batch-hex FILE, or pipe the text into stdin");
     auto t0 = std::chrono::steady_clock::now();
     std::clock_t c0 = std::clock();
     auto ids = tok.encode(text, eo);

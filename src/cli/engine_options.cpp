@@ -131,6 +131,11 @@ SamplingParams effective_sampling(const CLI::App& app, const SamplingParams& f, 
 std::unique_ptr<Model> load_model(EngineOptions& o) {
   o.model = resolve_model(o.model, o.model_flag);
   o.threads_used = o.threads > 0 ? o.threads : default_threads();
+  // More OpenMP threads than cores only time-slice them: every parallel region then waits for
+  // a descheduled thread (runs get several times slower, not faster).
+  if (const int cores = available_cores(); o.threads > cores)
+    std::fprintf(stderr, "warning: -t %d exceeds the %d cores this process may use; expect slower runs (-t 0 picks "
+                 "the free cores)\n", o.threads, cores);
   omp_set_num_threads(o.threads_used);
   LoadOptions lo;
   lo.linear.allow_missing_input_scale = o.derive_input_scale;

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <exception>
 
+#include <fmt/format.h>
+
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/threads.h"
@@ -80,6 +82,64 @@ int unknown_flags(CLI::App& sub, int argc, char** argv, int first) {
   return bad ? 1 : 0;
 }
 
+// CLI11's help with our usage line: "Usage: clawmine CMD [OPTIONS]" (CLI11 prints the binary's
+// full path and its own word order).
+std::string help_text(const CLI::App& app, const std::string& usage) {
+  std::string h = app.help();
+  const size_t at = h.find("Usage:");
+  if (at == std::string::npos) return h;
+  const size_t end = h.find('\n', at);
+  return h.replace(at, end == std::string::npos ? std::string::npos : end - at, "Usage: " + usage);
+}
+
+// The option of `sub` a CLI11 message names ("--n-predict", "-n"), or null.
+const CLI::Option* option_named(const CLI::App& sub, const std::string& name) {
+  for (const CLI::Option* o : sub.get_options())
+    if (o->check_name(name) || o->get_name() == name) return o;
+  return nullptr;
+}
+
+// A CLI11 parse error in the project's words, with the program and command named:
+//   clawmine generate: --n-predict: "abc" is not an integer
+// CLI11 2.1 says "Could not convert: --n-predict = abc" or "--n-predict: Value abc not in range ...".
+std::string parse_error_text(const CLI::App& app, const CLI::ParseError& e) {
+  std::string where = "clawmine";
+  const CLI::App* sub = nullptr;
+  for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; }))
+    if (s->parsed()) sub = s, where += " " + s->get_name();
+  std::string msg = e.what();
+  const std::string conv = "Could not convert: ";
+  if (msg.rfind(conv, 0) == 0) {
+    const size_t eq = msg.find(" = ", conv.size());
+    const std::string name = msg.substr(conv.size(), eq - conv.size());
+    const std::string value = eq == std::string::npos ? "" : msg.substr(eq + 3);
+    std::string kind = "a valid value";
+    if (const CLI::Option* o = sub ? option_named(*sub, name) : nullptr) {
+      const std::string t = o->get_type_name();
+      if (t.find("INT") != std::string::npos || t == "UINT") kind = "an integer";
+      else if (t.find("FLOAT") != std::string::npos) kind = "a number";
+    }
+    return fmt::format("{}: {}: \"{}\" is not {}", where, name, value, kind);
+  }
+  if (msg.rfind("A subcommand is required", 0) == 0) return where + ": no command given; `clawmine help` lists them";
+  return where + ": " + msg;
+}
+
+// Flags before the command (clawmine --versoin): only --version/-v and --help/-h exist there.
+int unknown_top_flags(int argc, char** argv, int at) {
+  int bad = 0;
+  for (int i = 1; i < at && i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--version" || a == "-v" || a == "--help" || a == "-h") continue;
+    const std::string name = a.substr(0, a.find('='));
+    const std::string near = cm::cli::nearest(name, {"--version", "--help"});
+    std::fprintf(stderr, "clawmine: unknown flag '%s'%s\n", name.c_str(),
+                 near.empty() ? "" : (" (did you mean '" + near + "'?)").c_str());
+    ++bad;
+  }
+  return bad ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,19 +162,20 @@ int main(int argc, char** argv) {
     int at = 1;
     while (at < argc && argv[at][0] == '-') ++at;
     if (argc == 1) {  // no command: the list of commands, as llama.cpp's tools print their usage
-      std::fputs(app.help().c_str(), stderr);
+      std::fputs(help_text(app, "clawmine CMD [OPTIONS]").c_str(), stderr);
       return 1;
     }
+    if (int rc = unknown_top_flags(argc, argv, at)) return rc;
     if (at < argc) {
       const std::string name = argv[at];
       if (name == "help") {
         if (at + 1 >= argc) {
-          std::fputs(app.help().c_str(), stdout);
+          std::fputs(help_text(app, "clawmine CMD [OPTIONS]").c_str(), stdout);
           return 0;
         }
         CLI::App* sub = find_command(app, argv[at + 1]);
         if (!sub) return unknown_command(app, argv[at + 1]);
-        std::fputs(sub->help().c_str(), stdout);
+        std::fputs(help_text(*sub, "clawmine " + sub->get_name() + " [OPTIONS]").c_str(), stdout);
         return 0;
       }
       CLI::App* sub = find_command(app, name);
@@ -123,9 +184,17 @@ int main(int argc, char** argv) {
     }
     try {
       app.parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+      const CLI::App* sub = nullptr;
+      for (auto& [s, run] : runs)
+        if (s->parsed()) sub = s;
+      std::fputs((sub ? help_text(*sub, "clawmine " + sub->get_name() + " [OPTIONS]")
+                      : help_text(app, "clawmine CMD [OPTIONS]")).c_str(), stdout);
+      return 0;
     } catch (const CLI::ParseError& e) {
-      int rc = app.exit(e);
-      return rc == 0 ? 0 : 1;
+      if (e.get_exit_code() == 0) return app.exit(e);  // --version
+      std::fprintf(stderr, "%s\n", parse_error_text(app, e).c_str());
+      return 1;
     }
     for (auto& [sub, run] : runs)
       if (sub->parsed()) return run();

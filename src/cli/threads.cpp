@@ -32,11 +32,16 @@ void ensure_passive_wait(char** argv) {
   // Only reached when the exec failed: run on with libgomp's default policy.
 }
 
-int default_threads() {
+int available_cores() {
   cpu_set_t set;
   int cores = 0;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
   if (cores <= 0) cores = int(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  return cores;
+}
+
+int default_threads() {
+  const int cores = available_cores();
   // The count is a snapshot; take the least of a few reads so that a short
   // burst (another process starting) does not halve the threads.
   int others = 1 << 30;

@@ -21,4 +21,7 @@ void ensure_passive_wait(char** argv);
 // minus the other processes running right now, at least 1.
 int default_threads();
 
+// The cores this process may run on (its affinity mask), at least 1.
+int available_cores();
+
 }  // namespace cm::cli
