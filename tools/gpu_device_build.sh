@@ -43,9 +43,10 @@ compile() {  # compile SRC OBJ
   esac
 }
 obj() { echo "$B/obj/$(echo "$1" | tr '/' '_').o"; }
-# Every room of src/ but the CLI and the HTTP server (both backends behind the seam, the CUDA
-# kernels in their family folders, the runtime), and the benchmarks of bench/.
-CORE=($(find src -path src/cli -prune -o -path src/serve -prune -o \( -name '*.cpp' -o -name '*.cu' \) -print | sort)
+# Every room of src/ but the CLI, the HTTP server and grammar/ (both backends behind the seam, the
+# CUDA kernels in their family folders, the runtime), and the benchmarks of bench/. grammar/ needs
+# XGrammar (scripts/deps_xgrammar.sh), which this build does not fetch; no room it compiles includes it.
+CORE=($(find src -path src/cli -prune -o -path src/serve -prune -o -path src/grammar -prune -o \( -name '*.cpp' -o -name '*.cu' \) -print | sort)
       bench/*.cu)
 TESTS=(tests/gpu/*.cpp "$TP/googletest/src/gtest-all.cc" "$TP/googletest/src/gtest_main.cc")
 # Every command but `serve` (Debian's cpp-httplib is a compiled library with TLS dependencies the device lacks).
