@@ -131,9 +131,29 @@ def chat():
         put("chat_parse", c["name"] + ".txt", bytes([opt]) + c["text"].encode())
 
 
+def grammar():
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
+              "kind": {"enum": ["a", "b"]}, "n": {"type": "array", "items": {"type": "integer"}}},
+              "required": ["name"]}
+    bodies = {
+        "rf_json_object.json": {"response_format": {"type": "json_object"}},
+        "rf_json_schema.json": {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "x", "schema": schema, "strict": True}}},
+        "so_regex.json": {"structured_outputs": {"regex": "[a-c]{2,4}-[0-9]+"}},
+        "so_choice.json": {"structured_outputs": {"choice": ["yes", "no", "caf\u00e9"]}},
+        "so_grammar.json": {"structured_outputs": {"grammar": 'root ::= "ab" ("c" | "d")+ "!"'}},
+        "guided_json_str.json": {"guided_json": json.dumps(schema)},
+        "llama_grammar.json": {"grammar": 'root ::= item ("," item)*\nitem ::= [0-9]+'},
+        "conflict.json": {"json_schema": {"type": "integer"}, "guided_regex": "a+"},
+    }
+    for i, (name, body) in enumerate(bodies.items()):
+        put("grammar_request", name, bytes([i * 37 % 256]) + json.dumps(body).encode())
+
+
 if __name__ == "__main__":
     safetensors()
     config()
     tokenizer_json()
     tokenize()
     chat()
+    grammar()

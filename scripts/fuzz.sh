@@ -14,6 +14,7 @@ if [ ${#targets[@]} -eq 0 ]; then
   for f in fuzz/*.cpp; do targets+=("$(basename "$f" .cpp)"); done
 fi
 bash scripts/deps_fuzz.sh
+bash scripts/deps_xgrammar.sh
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-16 \
   -DCMAKE_CXX_COMPILER=clang++-16 -DCLAWMINE_CUDA=OFF -DCLAWMINE_TESTS=OFF -DCLAWMINE_FUZZ=ON >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}"

@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+bash scripts/deps_xgrammar.sh
 bash scripts/deps_fuzz.sh
 jobs="$(nproc)"
 # Idle OpenMP threads sleep instead of spinning, so parallel tests do not starve each other.
