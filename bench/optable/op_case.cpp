@@ -135,6 +135,7 @@ const std::vector<OpCase>& all_cases() {
     add_basic_cases(v);
     add_fused_cases(v);
     add_attention_cases(v);
+    add_sample_cases(v);
     std::set<std::string> seen;
     for (const OpCase& c : v) {
       CM_CHECK(seen.insert(c.name).second, "op table: duplicate case name {}", c.name);

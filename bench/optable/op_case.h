@@ -112,5 +112,6 @@ void add_basic_cases(std::vector<OpCase>& out);
 void add_pair_cases(std::vector<OpCase>& out);
 void add_fused_cases(std::vector<OpCase>& out);
 void add_attention_cases(std::vector<OpCase>& out);
+void add_sample_cases(std::vector<OpCase>& out);
 
 }  // namespace cm::optable
