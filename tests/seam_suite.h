@@ -381,4 +381,96 @@ TEST_P(Seam, CopySlotAndResetSlot) {
   EXPECT_EQ(std::memcmp(again.data(), ref.data(), ref.size() * 4), 0);
 }
 
+// Sampling where the logits are (samples_on_device): a mixed step over four slots (greedy; temperature
+// with top-p; top-k with penalties and a bias; a mask of a few ids), sampled by sample_last_step after a
+// step that also returned its logits and after one that kept them on the device, gives exactly the
+// tokens sample_rows_cpu draws from the returned logits; non-finite logits kept on the device still
+// throw naming the first intermediate.
+TEST_P(Seam, SampleOnDeviceDrawsTheHostTokens) {
+  auto m = model_load(kData + "/golden_quant_nvfp4");
+  const int64_t V = m->config.vocab_size, W = (V + 31) / 32;
+  std::vector<int32_t> tok, pos, slot;
+  std::vector<uint8_t> want;
+  std::mt19937 rng(5);
+  for (int32_t s = 0; s < 4; ++s)
+    for (int32_t j = 0; j < 3 + 2 * s; ++j) {
+      tok.push_back(int32_t(rng() % uint32_t(V)));
+      pos.push_back(j);
+      slot.push_back(s);
+      want.push_back(uint8_t(j == 2 + 2 * s));
+    }
+  const Batch b{int32_t(tok.size()), tok.data(), pos.data(), slot.data(), want.data()};
+  std::vector<SampleParams> p(4);
+  p[0].temperature = 0;
+  p[1].temperature = 1.0f, p[1].top_p = 0.9f, p[1].seed = 17, p[1].counter = 3;
+  p[2].temperature = 0.8f, p[2].top_k = 5, p[2].repetition_penalty = 1.2f, p[2].presence_penalty = 0.4f,
+  p[2].seed = 18;
+  p[3].temperature = 1.5f, p[3].seed = 19, p[3].counter = 1000;
+  std::vector<SampleAdjust> adj;
+  for (int32_t id : {tok[5], tok[6], tok[7]}) adj.push_back(SampleAdjust{id, 1, 0.0f, 0.0f});
+  if (std::none_of(adj.begin(), adj.end(), [](const SampleAdjust& a) { return a.id == 1; }))
+    adj.push_back(SampleAdjust{1, 0, 3.0f, 0.0f});
+  std::vector<int64_t> off{0, 0, 0, int64_t(adj.size()), int64_t(adj.size())};
+  std::vector<uint32_t> mask(size_t(4 * W), 0xffffffffu);
+  std::fill(mask.begin() + 3 * W, mask.end(), 0u);
+  mask[size_t(3 * W)] = 0x0000f0f0u;  // ids 4-7 and 12-15
+  StepSampling ss;
+  ss.params = p.data(), ss.adj = adj.data(), ss.adj_offsets = off.data(), ss.mask = mask.data(), ss.mask_words = W;
+
+  // The host's draw over the returned logits.
+  auto be = backend(*m, 4, 32, 64);
+  if (!be) GTEST_SKIP() << "no " << device_name(GetParam()) << " backend here";
+  if (!be->samples_on_device()) GTEST_SKIP() << device_name(GetParam()) << " samples on the host";
+  std::vector<float> logits(size_t(4 * V));
+  be->step(b, logits.data());
+  std::vector<int32_t> ref_tok(4), ref_status(4);
+  std::vector<float> ref_lp(4);
+  {
+    std::vector<float> l = logits;
+    std::vector<SampleAdjust> a = adj;
+    SampleArgs args;
+    args.logits = l.data(), args.rows = 4, args.vocab = V, args.params = p.data(), args.adj = a.data();
+    args.adj_offsets = off.data(), args.mask = mask.data(), args.mask_words = W;
+    args.token = ref_tok.data(), args.logprob = ref_lp.data(), args.status = ref_status.data();
+    sample_rows_cpu(args);
+  }
+  for (int r = 0; r < 4; ++r) ASSERT_EQ(ref_status[size_t(r)], kSampleOk);
+  EXPECT_TRUE((ref_tok[3] >= 4 && ref_tok[3] < 8) || (ref_tok[3] >= 12 && ref_tok[3] < 16)) << ref_tok[3];
+  // The same logits sampled on the device.
+  std::vector<int32_t> got(4, -5);
+  std::vector<float> lp(4);
+  ss.token = got.data(), ss.logprob = lp.data();
+  be->sample_last_step(ss);
+  EXPECT_EQ(got, ref_tok);
+  for (int r = 0; r < 4; ++r) EXPECT_NEAR(lp[size_t(r)], ref_lp[size_t(r)], 2e-5) << "row " << r;
+  // A fresh backend: the logits never leave the device.
+  auto be2 = backend(*m, 4, 32, 64);
+  be2->step(b, nullptr);
+  std::vector<int32_t> got2(4, -5);
+  ss.token = got2.data();
+  be2->sample_last_step(ss);
+  EXPECT_EQ(got2, ref_tok);
+
+  // Non-finite logits kept on the device.
+  auto bad = model_load(kData + "/golden/hf_text");
+  bad->weights.layers[1].attn_norm[3] = std::nanf("");
+  auto be3 = backend(*bad, 2, 8, 16);
+  const int32_t t3[] = {5, 9, 3}, p3[] = {0, 1, 2}, s3[] = {1, 1, 1};
+  const uint8_t w3[] = {0, 0, 1};
+  be3->step(Batch{3, t3, p3, s3, w3}, nullptr);
+  SampleParams g;
+  int32_t t = 0;
+  float l = 0;
+  StepSampling one;
+  one.params = &g, one.token = &t, one.logprob = &l;
+  std::string msg = "no error";
+  try {
+    be3->sample_last_step(one);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("non-finite logits"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("l1.s1.attn_in"), std::string::npos) << msg;
+}
+
 }  // namespace seam_suite

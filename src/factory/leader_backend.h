@@ -39,6 +39,9 @@ class LeaderBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override;
   void copy_slot(int32_t from, int32_t to) override;
   void step(const Batch& batch, float* logits_out) override;
+  // Sampling is rank 0's alone (no collective): the followers computed the same logits and drop them.
+  bool samples_on_device() const override { return local_.samples_on_device(); }
+  void sample_last_step(const StepSampling& s) override { local_.sample_last_step(s); }
   // Tells the followers the leader is alive: an idle scheduler calls it more often than the
   // Comm's timeout (the followers' wait for the next call is a collective and times out).
   void keepalive();

@@ -15,10 +15,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "seam/observer.h"
 #include "ops/linear.h"
+#include "ops/sample.h"
 
 namespace cm {
 
@@ -32,6 +34,19 @@ struct Batch {
   const int32_t* pos = nullptr;
   const int32_t* slot = nullptr;
   const uint8_t* logits = nullptr;
+};
+
+// How the rows with logits of the last step are sampled where they were computed (ops/sample.h: the
+// same tokens as sample_rows_cpu over the logits step() returns). Host arrays, one entry per row with
+// logits[i] = 1, in batch order (R of them).
+struct StepSampling {
+  const SampleParams* params = nullptr;  // [R]
+  const SampleAdjust* adj = nullptr;     // logit bias and penalties by row (CSR, distinct ids per row); may be null
+  const int64_t* adj_offsets = nullptr;  // [R + 1] when adj is set
+  const uint32_t* mask = nullptr;        // [R, mask_words] allowed-token bits, or null
+  int64_t mask_words = 0;
+  int32_t* token = nullptr;              // out [R]
+  float* logprob = nullptr;              // out [R]: the token's logprob under the raw logits
 };
 
 // Sizes only. max_ctx is the longest sequence a slot may hold (positions
@@ -101,6 +116,20 @@ class ModelBackend {
   // was when the batch is invalid; a step whose logits are non-finite throws naming the first
   // intermediate that went non-finite.
   virtual void step(const Batch& batch, float* logits_out) = 0;
+
+  // Sampling where the logits are (issue: the host neither copies nor scans B x vocab floats).
+  // A backend that can returns true here; its step() then accepts logits_out = nullptr (the logits
+  // stay on its device, unchecked) and sample_last_step() samples that step's logits rows: it checks
+  // them (non-finite logits throw as step() does, naming the first intermediate that went
+  // non-finite; a row whose mask allows nothing throws) and writes tokens and logprobs. The tokens are
+  // sample_rows_cpu's over the same logits, so a caller may sample either way and draw the same bits.
+  virtual bool samples_on_device() const { return false; }
+  // At most shape().max_slots rows; adjustments at most kMaxSampleAdjust per step.
+  virtual void sample_last_step(const StepSampling& s) {
+    (void)s;
+    throw std::logic_error("sample_last_step: this backend does not sample on its device (samples_on_device())");
+  }
+  static constexpr int64_t kMaxSampleAdjust = int64_t(1) << 19;
 };
 
 }  // namespace cm

@@ -57,6 +57,7 @@ CudaBackend::CudaBackend(const Model& m, const BackendOptions& opt, std::unique_
 CudaBackend::~CudaBackend() {
   clear_graphs();
   if (plan_host_) cudaFreeHost(plan_host_);
+  if (sample_host_) cudaFreeHost(sample_host_);
 }
 
 size_t CudaBackend::bytes_per_slot(const CacheShape& shape) const {
@@ -109,6 +110,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   Context& ctx = *ctx_;
   const int64_t D = c.hidden_size, V = c.vocab_size, n = b.n, N = shape_.max_step_tokens;
   check_batch(b, shape_, V, pos_.data());
+  last_logit_rows_ = 0;  // until this step's logits exist
 
   // The plan: the batch's rows and the rows whose logits are wanted, one transfer.
   plan_.build(b);
@@ -136,10 +138,15 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
 
   // The logits rows to the host (the step's only synchronisation), then the non-finite check.
   if (timer_) timer_->end(ctx.stream());
+  last_logit_rows_ = R;
   if (R > 0) {
     float *y = P<float>(act_.final_y), *logits = P<float>(act_.logits);
     obs_.observe(ctx, "final_norm", y, false, {R, D});
     obs_.observe(ctx, "logits", logits, false, {R, V});
+    if (!logits_out) {  // the logits stay here for sample_last_step, which checks them
+      obs_.flush(ctx);
+      return;
+    }
     obs_.to_host(ctx, logits_out, logits, size_t(R * V) * 4);
     obs_.flush(ctx);  // before the check: --layer-stats shows where a non-finite value came from
     CM_CU_CHECK(!any_non_finite(logits_out, size_t(R * V)),

@@ -52,6 +52,8 @@ class CudaBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override;
   void copy_slot(int32_t from, int32_t to) override;
   void step(const Batch& batch, float* logits_out) override;
+  bool samples_on_device() const override { return true; }
+  void sample_last_step(const StepSampling& s) override;
   size_t host_copies() const { return obs_.host_copies(); }
 
  private:
@@ -71,7 +73,15 @@ class CudaBackend final : public ModelBackend {
     DeviceBuffer router, eidx, ew, we, g, up, ey, routed, sy, hc_part;
     DeviceBuffer final_y, logits, cast, counts;
     DeviceBuffer attn_ws;  // f32 partials of split (decode) attention; see attention_sink_cuda
+    DeviceBuffer sample;   // sample_last_step's arrays (SampleStage), mirrored by the pinned sample_host_
   };
+  // Where sample_last_step's arrays sit in act_.sample and sample_host_ (byte offsets), for
+  // max_slots rows and V-bit masks.
+  struct SampleStage {
+    size_t params = 0, offsets = 0, adj = 0, mask = 0, token = 0, logprob = 0, status = 0, bytes = 0;
+    int64_t rows = 0, mask_words = 0;
+  };
+  static SampleStage sample_stage(int64_t rows, int64_t vocab);
 
   void check_slot(int32_t slot, const char* what) const;
   void attention(int64_t L, int64_t n, int64_t max_pos);
@@ -121,6 +131,9 @@ class CudaBackend final : public ModelBackend {
   std::vector<int64_t> pos_;
   Act act_;
   int32_t* plan_host_ = nullptr;  // pinned [4N]
+  char* sample_host_ = nullptr;   // pinned [sample_.bytes]
+  SampleStage sample_;
+  int64_t last_logit_rows_ = 0;   // R of the last step (sample_last_step's rows)
   StepPlan plan_;
   std::vector<NoteTag> notes_;
   size_t max_notes_ = 0;

@@ -22,6 +22,9 @@ void CudaBackend::reserve(const CacheShape& shape) {
   moe_scratch_.reset();
   if (plan_host_) CM_CUDA(cudaFreeHost(plan_host_));
   plan_host_ = nullptr;
+  if (sample_host_) CM_CUDA(cudaFreeHost(sample_host_));
+  sample_host_ = nullptr;
+  last_logit_rows_ = 0;
 
   const int64_t N = shape.max_step_tokens, S = shape.max_slots, D = c.hidden_size, hc = c.hc_mult;
   const int64_t H = c.num_heads, hd = c.head_dim, E = c.n_routed_experts, K = c.n_experts_per_tok;
@@ -52,6 +55,7 @@ void CudaBackend::reserve(const CacheShape& shape) {
     int64_t bytes;
   };
   Act& a = act_;
+  const SampleStage stage = sample_stage(S, c.vocab_size);
   const std::vector<Want> wants = {
       {&a.plan, 4 * N * 4},           {&a.x, N * hc * D * 4},        {&a.x_alt, N * hc * D * 4},
       {&a.normed, N * D * 4},         {&a.normed_bf, N * D * 2},     {&a.qr_bf, N * c.q_lora_rank * 2},
@@ -70,7 +74,7 @@ void CudaBackend::reserve(const CacheShape& shape) {
       {&a.sy, N * D * 4},             {&a.final_y, N * D * 4},
       {&a.logits, N * c.vocab_size * 4}, {&a.cast, N * max_k * 2},   {&a.counts, int64_t(max_notes_) * N * 4},
       {&a.hc_part, int64_t(hc_mix_scratch_floats(hc, D, N)) * 4},
-      {&a.attn_ws, attn_ws_floats * 4},
+      {&a.attn_ws, attn_ws_floats * 4},     {&a.sample, int64_t(stage.bytes)},
   };
   size_t act_bytes = 0;
   for (const Want& w : wants) act_bytes += size_t(w.bytes);
@@ -96,6 +100,8 @@ void CudaBackend::reserve(const CacheShape& shape) {
   a.counts.zero();
   obs_.reserve();
   CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&plan_host_), size_t(4 * N) * 4));
+  CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&sample_host_), stage.bytes));
+  sample_ = stage;
 
   // Per-layer state views into the shared layout (slot-major tensors).
   layout_ = layout;
