@@ -8,7 +8,8 @@
 // log and goes on, as vLLM does, or refuses the request with --strict-requests):
 //   both:  model, user (accepted, unused), max_tokens (chat also max_completion_tokens), temperature [0,2], top_p (0,1],
 //          top_k (-1/0 = off), min_p [0,1], presence_penalty / frequency_penalty [-2,2],
-//          repetition_penalty (0,∞), seed, stop (string or array of up to 16 strings), stream,
+//          repetition_penalty (0,∞), seed (choice i: serve/choices.h's choice_seed), stop (string or
+//          array of up to 16 strings), stream,
 //          stream_options.include_usage, n (1..16), best_of (n..16; not streamed when > n),
 //          logit_bias ({"token id": bias in [-100, 100]}), ignore_eos, stop_token_ids, min_tokens
 //          (vLLM extensions)
