@@ -461,7 +461,7 @@ def test_malformed_requests_then_healthy(srv):
     err(413, "/v1/completions", "x" * (5 << 20))
     err(400, "/detokenize", json.dumps({"tokens": [-1]}))
     with pytest.raises(openai.BadRequestError):
-        srv.client().completions.create(model="default", prompt="x", max_tokens=2, n=3)
+        srv.client().completions.create(model="default", prompt="x", max_tokens=2, n=17)
     # Garbage on the wire, and a client that sends half a request and leaves.
     for junk in (b"\x00\x01\x02garbage\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"pro"):
         s = socket.create_connection(("127.0.0.1", srv.port))
