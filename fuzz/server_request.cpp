@@ -40,10 +40,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (r.error) {
       check_error(*r.error);
     } else {
-      sv::PromptResult p = sv::build_prompt(*r.request, tok, 4096, {});
+      // Every prompt of a list (and the logit_bias ids), as the server builds them.
+      sv::PromptsResult p = sv::build_prompts(*r.request, tok, 4096, {});
       if (p.error) check_error(*p.error);
-      else fuzz_check(!p.prompt->tokens.empty() && int64_t(p.prompt->tokens.size()) + p.prompt->max_tokens <= 4096,
-                      "accepted prompt does not fit the context");
+      else
+        for (const sv::Prompt& one : p.prompts)
+          fuzz_check(!one.tokens.empty() && int64_t(one.tokens.size()) + one.max_tokens <= 4096,
+                     "accepted prompt does not fit the context");
     }
   }
   // The body's bytes as generated text through the chat streamer.

@@ -461,7 +461,7 @@ def test_malformed_requests_then_healthy(srv):
     err(413, "/v1/completions", "x" * (5 << 20))
     err(400, "/detokenize", json.dumps({"tokens": [-1]}))
     with pytest.raises(openai.BadRequestError):
-        srv.client().completions.create(model="default", prompt="x", max_tokens=2, n=3)
+        srv.client().completions.create(model="default", prompt="x", max_tokens=2, n=17)
     # Garbage on the wire, and a client that sends half a request and leaves.
     for junk in (b"\x00\x01\x02garbage\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"pro"):
         s = socket.create_connection(("127.0.0.1", srv.port))
@@ -552,3 +552,185 @@ def test_load_200_streams_with_disconnects(srv):
     print("load test:", summary)
     assert summary["errors"] == 0 and summary["problems"] == 0
     assert summary["finished"] + summary["abandoned"] == 200
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling fields: logit_bias, n, best_of, echo, prompt lists (issue 27, item 2).
+
+def fields_tokenize(srv, text):
+    st, data = srv.raw("POST", "/tokenize", json.dumps({"prompt": text}), {"Content-Type": "application/json"})
+    assert st == 200
+    return json.loads(data)["tokens"]
+
+
+def test_fields_logit_bias_bans_the_greedy_token(srv):
+    c = srv.client()
+    prompt = f"{PROMPT} and its"
+    ptoks = fields_tokenize(srv, prompt)
+    # The greedy first token's id: the ids of prompt + answer minus the prompt's.
+    g = c.completions.create(model="default", prompt=ptoks, max_tokens=1, temperature=0,
+                             extra_body={"ignore_eos": True})
+    ids = fields_tokenize(srv, prompt + g.choices[0].text)
+    assert ids[:len(ptoks)] == ptoks and len(ids) == len(ptoks) + 1, (g.choices[0].text, ids)
+    banned = ids[-1]
+    for body in ({}, {"logit_bias": {str(banned): -100}}):
+        r = c.completions.create(model="default", prompt=ptoks, max_tokens=1, temperature=0,
+                                 extra_body={"ignore_eos": True, **body})
+        again = fields_tokenize(srv, prompt + r.choices[0].text)
+        assert (again[-1] == banned) == (not body), (body, again)
+    # +100 forces a token (chat too): the answer is that token over and over.
+    forced = fields_tokenize(srv, " tea")[-1]
+    st, data = srv.raw("POST", "/detokenize", json.dumps({"tokens": [forced]}), {"Content-Type": "application/json"})
+    piece = json.loads(data)["prompt"]
+    r = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                  temperature=1, logit_bias={str(forced): 100}, extra_body={"ignore_eos": True})
+    assert piece and r.choices[0].message.content == piece * 3
+
+
+def test_fields_n_choices_differ_and_prefill_once(srv):
+    c = srv.client()
+    prompt = f"Quokka zeppelin {time.time_ns()} says"  # unseen: nothing to reuse but the forks' copies
+    hits0 = srv.metric("prefix_cache_hits_total")
+    r = c.completions.create(model="default", prompt=prompt, max_tokens=8, temperature=1, seed=7, n=3,
+                             extra_body={"ignore_eos": True})
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    texts = [ch.text for ch in r.choices]
+    assert len(set(texts)) == 3, texts
+    n_prompt = len(fields_tokenize(srv, prompt))
+    assert r.usage.prompt_tokens == n_prompt  # counted once
+    assert r.usage.completion_tokens == 24
+    # Choices 1 and 2 copied choice 0's prompt state (all but the last token) instead of prefilling it.
+    assert srv.metric("prefix_cache_hits_total") - hits0 == 2 * (n_prompt - 1)
+    # The same seed gives the same three; choice 0 is the n = 1 answer of that seed.
+    again = c.completions.create(model="default", prompt=prompt, max_tokens=8, temperature=1, seed=7, n=3,
+                                 extra_body={"ignore_eos": True})
+    assert [ch.text for ch in again.choices] == texts
+    one = c.completions.create(model="default", prompt=prompt, max_tokens=8, temperature=1, seed=7,
+                               extra_body={"ignore_eos": True})
+    assert one.choices[0].text == texts[0]
+    g = c.completions.create(model="default", prompt=prompt, max_tokens=8, temperature=0, n=3)
+    assert len({ch.text for ch in g.choices}) == 1
+    ch = c.chat.completions.create(model="default", messages=[{"role": "user", "content": prompt}], max_tokens=4,
+                                   temperature=0, n=2)
+    assert [x.index for x in ch.choices] == [0, 1]
+    assert ch.choices[0].message.content == ch.choices[1].message.content
+
+
+def test_fields_stream_n2_yields_both_indices(srv):
+    c = srv.client()
+    texts, finished = {}, {}
+    usage = None
+    for chunk in c.completions.create(model="default", prompt=PROMPT, max_tokens=6, temperature=1, seed=3, n=2,
+                                      stream=True, stream_options={"include_usage": True},
+                                      extra_body={"ignore_eos": True}):
+        if chunk.usage:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            if ch.finish_reason:
+                finished[ch.index] = ch.finish_reason
+    assert sorted(texts) == [0, 1] and finished == {0: "length", 1: "length"}
+    assert usage.completion_tokens == 12
+    plain = c.completions.create(model="default", prompt=PROMPT, max_tokens=6, temperature=1, seed=3, n=2,
+                                 extra_body={"ignore_eos": True})
+    assert [texts[0], texts[1]] == [ch.text for ch in plain.choices]
+    roles = set()
+    for chunk in c.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=3, n=2, stream=True):
+        for ch in chunk.choices:
+            roles.add(ch.index)
+    assert roles == {0, 1}
+
+
+def test_fields_best_of_keeps_the_most_likely(srv):
+    c = srv.client()
+    kw = dict(model="default", prompt=PROMPT, max_tokens=6, temperature=1, seed=11, extra_body={"ignore_eos": True})
+    cands = c.completions.create(n=3, logprobs=0, **kw)
+    scores = [sum(ch.logprobs.token_logprobs) for ch in cands.choices]
+    best = c.completions.create(n=1, best_of=3, **kw)
+    assert len(best.choices) == 1 and best.choices[0].index == 0
+    assert best.choices[0].text == cands.choices[scores.index(max(scores))].text
+    assert best.choices[0].logprobs is None
+    assert best.usage.completion_tokens == 18  # every candidate's tokens
+
+
+def test_fields_echo_returns_prompt_and_its_logprobs(srv):
+    c = srv.client()
+    plain = c.completions.create(model="default", prompt=PROMPT, max_tokens=4, temperature=0,
+                                 extra_body={"ignore_eos": True})
+    r = c.completions.create(model="default", prompt=PROMPT, max_tokens=4, temperature=0, echo=True, logprobs=1,
+                             extra_body={"ignore_eos": True})
+    ch = r.choices[0]
+    assert ch.text == PROMPT + plain.choices[0].text
+    lp = ch.logprobs
+    assert len(lp.tokens) == r.usage.prompt_tokens + 4
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x <= 0 for x in lp.token_logprobs[1:])
+    assert "".join(lp.tokens[:r.usage.prompt_tokens]) == PROMPT
+    assert lp.text_offset[0] == 0 and lp.text_offset[r.usage.prompt_tokens] == len(PROMPT.encode())
+    # The prompt's logprobs are the model's: the greedy continuation's logprobs reappear when that
+    # continuation is echoed as part of the prompt.
+    gen = c.completions.create(model="default", prompt=PROMPT, max_tokens=3, temperature=0, logprobs=0,
+                               extra_body={"ignore_eos": True})
+    ext = c.completions.create(model="default", prompt=PROMPT + gen.choices[0].text, max_tokens=1, temperature=0,
+                               echo=True, logprobs=0, extra_body={"ignore_eos": True})
+    n_ext = ext.usage.prompt_tokens
+    if n_ext == r.usage.prompt_tokens + 3:  # the text re-tokenizes to the same ids
+        for a, b in zip(ext.choices[0].logprobs.token_logprobs[n_ext - 3:n_ext], gen.choices[0].logprobs.token_logprobs):
+            assert abs(a - b) < 1e-3
+    s = "".join(x.choices[0].text for x in c.completions.create(
+        model="default", prompt=PROMPT, max_tokens=4, temperature=0, echo=True, stream=True,
+        extra_body={"ignore_eos": True}) if x.choices)
+    assert s == ch.text
+
+
+def test_fields_prompt_lists(srv):
+    c = srv.client()
+    prompts = [PROMPT, "Rivers of the world"]
+    alone = [c.completions.create(model="default", prompt=p, max_tokens=5, temperature=0).choices[0].text
+             for p in prompts]
+    r = c.completions.create(model="default", prompt=prompts, max_tokens=5, temperature=0)
+    assert [ch.index for ch in r.choices] == [0, 1] and [ch.text for ch in r.choices] == alone
+    assert r.usage.prompt_tokens == sum(len(fields_tokenize(srv, p)) for p in prompts)
+    r = c.completions.create(model="default", prompt=[fields_tokenize(srv, p) for p in prompts], max_tokens=5,
+                             temperature=0, n=2)
+    assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
+    assert [ch.text for ch in r.choices] == [alone[0], alone[0], alone[1], alone[1]]
+    one = c.completions.create(model="default", prompt=[PROMPT], max_tokens=5, temperature=0)
+    assert [ch.text for ch in one.choices] == alone[:1]
+
+
+def test_fields_validation_errors(srv):
+    c = srv.client()
+    bad = [({"logit_bias": {"abc": 1}}, "logit_bias"), ({"logit_bias": {"5": 200}}, "logit_bias"),
+           ({"logit_bias": {"99999999": 1}}, "logit_bias"), ({"n": 0}, "n"), ({"n": 99}, "n"),
+           ({"n": 3, "best_of": 2}, "best_of"), ({"best_of": 3, "stream": True}, "best_of"),
+           ({"echo": "yes"}, "echo"), ({"prompt": []}, "prompt"), ({"prompt": [[1, 2], [-3]]}, "prompt")]
+    for extra, param in bad:
+        body = {"prompt": PROMPT, "max_tokens": 2, **extra}
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="default", **{k: v for k, v in body.items() if k == "prompt"},
+                                 extra_body={k: v for k, v in body.items() if k != "prompt"})
+        assert e.value.body["param"] == param, (extra, e.value.body)
+    assert srv.raw("GET", "/health")[0] == 200
+
+
+def test_fields_more_choices_than_slots():
+    s = Server("--max-seqs", "2", "--max-step-tokens", "64", "--ctx", "512")
+    try:
+        c = s.client()
+        r = c.completions.create(model="default", prompt=PROMPT, max_tokens=6, temperature=1, seed=5, n=5,
+                                 extra_body={"ignore_eos": True})
+        assert [ch.index for ch in r.choices] == [0, 1, 2, 3, 4]
+        assert all(ch.finish_reason == "length" for ch in r.choices)
+        assert r.usage.completion_tokens == 30
+        # Each choice is its seed's answer whatever the slots: n = 5 on 2 slots equals n = 5 on 8.
+        r8 = Server("--max-seqs", "8", "--max-step-tokens", "64", "--ctx", "512")
+        try:
+            big = r8.client().completions.create(model="default", prompt=PROMPT, max_tokens=6, temperature=1, seed=5,
+                                                 n=5, extra_body={"ignore_eos": True})
+        finally:
+            r8.stop()
+        assert [ch.text for ch in r.choices] == [ch.text for ch in big.choices]
+    finally:
+        s.stop()

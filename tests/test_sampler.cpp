@@ -282,3 +282,40 @@ TEST(Sampler, UniformStreamIsPortable) {
   for (int i = 0; i < 10000; ++i) u = s.next_uniform();
   EXPECT_EQ(u, double(9981545732273789042ull >> 11) * 0x1.0p-53);
 }
+
+// logit_bias adds to the raw logits before everything else: -100 bans the argmax, a positive bias
+// makes a weak id the argmax, and at temperature 1 the distribution is softmax(l + bias).
+TEST(Sampler, LogitBiasShiftsLogitsBeforePenaltiesAndTemperature) {
+  const std::vector<float> l = random_logits(50, 11);
+  const int top = ranked(l)[0], second = ranked(l)[1], last = ranked(l).back();
+  SamplingParams p;
+  p.logit_bias = {{top, -100.0f}};
+  EXPECT_EQ(Sampler(p).sample(l.data(), l.size(), {}), second);
+  p.logit_bias = {{last, 100.0f}};
+  EXPECT_EQ(Sampler(p).sample(l.data(), l.size(), {}), last);
+  p.logit_bias = {{top, -100.0f}, {int32_t(l.size()) + 5, 50.0f}, {-1, 50.0f}};  // out-of-vocab ids: ignored
+  EXPECT_EQ(Sampler(p).sample(l.data(), l.size(), {}), second);
+
+  // With a bias the repetition penalty acts on the biased logit: (l + b) / r for a positive one.
+  std::vector<float> two = {1.0f, 1.5f};
+  p = SamplingParams{};
+  p.logit_bias = {{0, 2.0f}};       // id 0: 3.0
+  p.repetition_penalty = 2.5f;      // seen id 0: 3.0 / 2.5 = 1.2 < 1.5
+  EXPECT_EQ(Sampler(p).sample(two.data(), 2, {0}), 1);
+  p.repetition_penalty = 1.5f;      // 3.0 / 1.5 = 2.0 > 1.5
+  EXPECT_EQ(Sampler(p).sample(two.data(), 2, {0}), 0);
+
+  std::vector<float> biased = l;
+  SamplingParams t = temp(1.0f, 7);
+  for (int id : {3, 17, 41}) {
+    t.logit_bias.push_back({id, 2.5f});
+    biased[size_t(id)] += 2.5f;
+  }
+  Sampler s(t);
+  const int draws = 60000;
+  expect_matches(counts(s, l, draws), softmax(biased, 1.0), draws);
+
+  SamplingParams nan_bias;
+  nan_bias.logit_bias = {{0, NAN}};
+  EXPECT_THROW(Sampler{nan_bias}, Error);
+}

@@ -89,7 +89,7 @@ TEST(ServeRequest, RejectsBadInputNamingTheField) {
   EXPECT_EQ(parse_error(R"({"prompt":"x","max_tokens":0})").param, "max_tokens");
   EXPECT_EQ(parse_error(R"({"prompt":"x","max_tokens":1e30})").param, "max_tokens");
   EXPECT_EQ(parse_error(R"({"prompt":"x","max_tokens":18446744073709551615})").param, "max_tokens");
-  EXPECT_EQ(parse_error(R"({"prompt":"x","n":2})").param, "n");
+  EXPECT_EQ(parse_error(R"({"prompt":"x","n":17})").param, "n");
   EXPECT_EQ(parse_error(R"({"prompt":"x","stop":[1]})").param, "stop");
   EXPECT_EQ(parse_error(R"({"prompt":"x","logprobs":21})").param, "logprobs");
   EXPECT_EQ(parse_error(R"({"prompt":[-1]})").param, "prompt");

@@ -121,9 +121,10 @@ TEST(ServeWording, TokenizeMessagesRenderLikeChat) {
 }
 
 TEST(ServeWording, UnknownFieldsListedUserAccepted) {
-  ParseResult r = parse_request(R"({"prompt":"x","user":"u1","foo":1,"logit_bias":{}})", Endpoint::Completions, {});
+  ParseResult r = parse_request(R"({"prompt":"x","user":"u1","foo":1,"logit_bias":{},"stop_token_ids":[],
+                                     "min_tokens":0,"bar":2})", Endpoint::Completions, {});
   ASSERT_TRUE(r.request);
-  EXPECT_EQ(r.request->unknown_fields, (std::vector<std::string>{"foo", "logit_bias"}));
+  EXPECT_EQ(r.request->unknown_fields, (std::vector<std::string>{"foo", "bar"}));
   // A field of the other endpoint is unknown here.
   ParseResult c = parse_request(R"({"messages":[{"role":"user","content":"x"}],"prompt":"y","tools":[]})",
                                 Endpoint::Chat, {});

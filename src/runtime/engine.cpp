@@ -49,6 +49,8 @@ struct Engine::Seq {
   std::vector<int32_t> hist;       // prompt + generated (the penalties' history)
   int64_t generated = 0;
   int32_t pending = -1;            // sampled token still to be fed (decode phase)
+  bool hold_last = false;          // forks wait for this prompt's state: stop one token short once
+  std::vector<TokenOut> prompt_lp; // prompt_logprobs: prompt tokens 1.. so far
   Sampler sampler;
   StopRule rule;
   Clock::time_point arrival, first_token, last_token;
@@ -67,6 +69,12 @@ struct Engine::Seq {
     return p;
   }
   bool prefilling() const { return fed < int64_t(job->spec.prompt.size()); }
+  // Where this step's prefill chunk may end: one token short of the prompt while holding for forks.
+  int64_t prefill_end() {
+    const int64_t len = int64_t(job->spec.prompt.size());
+    if (hold_last && fed == len - 1) hold_last = false;  // the forks had their admission; go on
+    return hold_last ? len - 1 : len;
+  }
 };
 
 Engine::Engine(ModelBackend& backend, const Tokenizer* tok, int64_t vocab, EngineOptions opt, EngineMetrics* metrics)
@@ -92,6 +100,17 @@ void Engine::submit(std::shared_ptr<Job> job) {
     std::lock_guard<std::mutex> l(in_mu_);
     incoming_.push_back(std::move(job));
     ++n_incoming_;
+  }
+  in_cv_.notify_all();
+}
+
+void Engine::submit(std::vector<std::shared_ptr<Job>> jobs) {
+  {
+    std::lock_guard<std::mutex> l(in_mu_);
+    for (auto& j : jobs) {
+      incoming_.push_back(std::move(j));
+      ++n_incoming_;
+    }
   }
   in_cv_.notify_all();
 }
@@ -201,11 +220,28 @@ int32_t Engine::choose_slot(const std::vector<int32_t>& prompt, int64_t* reused)
   return lru;
 }
 
+// A fork waits while the job it copies is running and has not yet fed all of its prompt but the
+// last token. Once that job went past its prompt (or ended), the fork is admitted as any job.
+bool Engine::waits_for_fork(const Job& j) const {
+  if (!j.spec.fork_of) return false;
+  for (const auto& s : running_)
+    if (s->job == j.spec.fork_of) return s->fed < int64_t(s->job->spec.prompt.size()) - 1;
+  return false;
+}
+
 void Engine::admit() {
   while (!waiting_.empty()) {
     int64_t reused = 0;
     const auto& prompt = waiting_.front()->spec.prompt;
-    int32_t slot = choose_slot(prompt, &reused);
+    if (waits_for_fork(*waiting_.front())) return;
+    int32_t slot;
+    if (waiting_.front()->spec.prompt_logprobs) {
+      // Every prompt row's logits are needed, so nothing is reused: a fresh least recently used slot.
+      std::vector<int32_t> none;
+      slot = choose_slot(none, &reused);
+    } else {
+      slot = choose_slot(prompt, &reused);
+    }
     if (slot < 0) return;
     auto seq = std::make_unique<Seq>(std::move(waiting_.front()), tok_, opt_);
     waiting_.pop_front();
@@ -216,6 +252,9 @@ void Engine::admit() {
     seq->reused = reused;
     seq->hist = seq->job->spec.prompt;
     seq->arrival = seq->job->arrival;
+    seq->hold_last = seq->job->spec.forks > 0 && reused < int64_t(prompt.size()) - 1;
+    if (seq->job->spec.prompt_logprobs && logits_.size() < size_t(opt_.max_seqs + kPromptRows) * size_t(vocab_))
+      logits_.resize(size_t(opt_.max_seqs + kPromptRows) * size_t(vocab_));
     slots_[size_t(slot)].busy = true;
     slots_[size_t(slot)].last_used = ++clock_;
     if (metrics_) {
@@ -235,24 +274,37 @@ bool Engine::step_once() {
 
   // The batch: decode tokens first, then prefill chunks in admission order under the budget.
   b_token_.clear(), b_pos_.clear(), b_slot_.clear(), b_logits_.clear();
-  std::vector<Seq*> row_seq;  // the sequence of each logits row, in order
-  auto add = [&](Seq& s, int32_t tok, bool want) {
+  // The sequence of each logits row, in order, and the prompt position of a prompt_logprobs row
+  // (-1: a row to sample from).
+  std::vector<std::pair<Seq*, int64_t>> row_seq;
+  auto add = [&](Seq& s, int32_t tok, bool want, int64_t prompt_pos = -1) {
     b_token_.push_back(tok);
     b_pos_.push_back(int32_t(slots_[size_t(s.slot)].held.size()));
     b_slot_.push_back(s.slot);
     b_logits_.push_back(want ? 1 : 0);
     slots_[size_t(s.slot)].held.push_back(tok);
-    if (want) row_seq.push_back(&s);
+    if (want) row_seq.emplace_back(&s, prompt_pos);
   };
   for (auto& s : running_)
     if (!s->prefilling()) add(*s, s->pending, true);
   int64_t budget = opt_.max_step_tokens - int64_t(b_token_.size());
   std::vector<std::pair<Seq*, int64_t>> chunks;
+  int64_t prompt_rows = kPromptRows;  // logits rows left for prompt_logprobs (beyond one per sequence)
   for (auto& s : running_) {
     if (!s->prefilling() || budget <= 0) continue;
     const auto& p = s->job->spec.prompt;
-    const int64_t n = std::min<int64_t>(budget, int64_t(p.size()) - s->fed);
-    for (int64_t i = 0; i < n; ++i) add(*s, p[size_t(s->fed + i)], s->fed + i + 1 == int64_t(p.size()));
+    const int64_t len = int64_t(p.size());
+    const bool every_row = s->job->spec.prompt_logprobs;
+    int64_t n = std::min<int64_t>(budget, s->prefill_end() - s->fed);
+    // A prompt_logprobs chunk's rows but its prompt's last count against prompt_rows.
+    if (every_row && std::min(n, len - 1 - s->fed) > prompt_rows) n = prompt_rows;
+    if (n <= 0) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = s->fed + i;
+      const bool last = pos + 1 == len;
+      add(*s, p[size_t(pos)], last || every_row, last ? -1 : pos);
+      if (every_row && !last) --prompt_rows;
+    }
     chunks.emplace_back(s.get(), n);
     budget -= n;
   }
@@ -291,9 +343,14 @@ bool Engine::step_once() {
   for (auto& [s, n] : chunks)
     if (!is_failed(s)) s->fed += n;
   // Sampling may finish sequences (erasing them from running_); every row's sequence is still
-  // alive when its turn comes, since each sequence has at most one row.
-  for (size_t r = 0; r < row_seq.size(); ++r)
-    if (!is_failed(row_seq[r])) on_logits(*row_seq[r], logits_.data() + r * size_t(vocab_));
+  // alive when its turn comes, since a sequence's only row to sample from is its last.
+  for (size_t r = 0; r < row_seq.size(); ++r) {
+    auto [s, pos] = row_seq[r];
+    if (is_failed(s)) continue;
+    const float* row = logits_.data() + r * size_t(vocab_);
+    if (pos >= 0) on_prompt_row(*s, pos, row);
+    else on_logits(*s, row);
+  }
   for (auto& [s, what] : failed) {
     slots_[size_t(s->slot)].held.clear();
     be_.reset_slot(s->slot);
@@ -317,6 +374,14 @@ static void logprobs_of(const float* row, int64_t vocab, int32_t id, int k, Toke
   std::partial_sort(ids.begin(), ids.begin() + kk, ids.end(),
                     [&](int32_t a, int32_t b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
   for (size_t i = 0; i < kk; ++i) out.top.push_back({ids[i], row[ids[i]] - lse});
+}
+
+// Row `pos` of a prompt_logprobs prompt: the raw logprob of the prompt token after it.
+void Engine::on_prompt_row(Seq& s, int64_t pos, const float* row) {
+  TokenOut t;
+  t.id = s.job->spec.prompt[size_t(pos + 1)];
+  logprobs_of(row, vocab_, t.id, std::max(s.job->spec.logprobs, 0), t);
+  s.prompt_lp.push_back(std::move(t));
 }
 
 void Engine::on_logits(Seq& s, const float* row) {
@@ -344,6 +409,14 @@ void Engine::on_logits(Seq& s, const float* row) {
   t.id = id;
   if (spec.logprobs >= 0) logprobs_of(row, vocab_, id, spec.logprobs, t);
   ev.tokens.push_back(std::move(t));
+  if (spec.prompt_logprobs && s.generated == 1) {
+    TokenOut first;
+    first.id = spec.prompt[0];
+    first.logprob = NAN;
+    ev.prompt_logprobs.push_back(first);
+    for (TokenOut& p : s.prompt_lp) ev.prompt_logprobs.push_back(std::move(p));
+    s.prompt_lp.clear();
+  }
   StopVerdict v = s.rule.on_token(id);
   ev.text = std::move(v.text);
   s.job->push(std::move(ev));

@@ -15,6 +15,15 @@
 //      detokenizes, holds back stop strings and says whether the job ends; events go to its queue.
 // A job ends on EOS, a stop id or string, max_tokens, the context limit or cancellation; its slot
 // is free for the next step and keeps its tokens for later prefix reuse.
+//
+// Sequences sharing a prompt (a request's n / best_of choices) prefill it once: the first job
+// (JobSpec::forks > 0) stops its prefill one token short of the prompt's end for one step; the
+// others (JobSpec::fork_of = the first) wait at the queue's head until then, and are admitted by
+// the prefix reuse above: each copies the first job's slot (copy_slot) and feeds only the prompt's
+// last token itself, whose logits it samples from with its own seed. A copy needs a free slot at
+// that step: choices beyond the free slots queue and prefill on their own later (no deadlock).
+// A job with prompt_logprobs (echo + logprobs) asks for every prompt row's logits (at most
+// kPromptRows such rows a step) and takes no prefix reuse, so every position is computed.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -40,6 +49,8 @@ struct TopLogprob {
   float logprob;
 };
 
+class Job;
+
 struct TokenOut {
   int32_t id;
   float logprob = 0;              // raw model distribution (before penalties and temperature)
@@ -52,6 +63,9 @@ struct JobEvent {
   enum Kind { Token, Finish } kind = Token;
   std::string text;
   std::vector<TokenOut> tokens;   // Token: the token(s) this text came with
+  // The first Token event of a prompt_logprobs job: every prompt token with its raw logprob given
+  // the tokens before it; the first one has none (logprob NaN, no alternatives), as OpenAI's null.
+  std::vector<TokenOut> prompt_logprobs;
   // Finish:
   std::string finish_reason;      // "stop", "length", "cancelled", "error"
   bool eos = false;               // ended by an EOS token (not emitted as text)
@@ -73,6 +87,11 @@ struct JobSpec {
   // character as U+FFFD, a possible stop-string start): the CLI's chat keeps an answer stopped with
   // Ctrl-C, to the last byte, in its history. A server's client is gone when its job is cancelled.
   bool release_held_on_cancel = false;
+  // Choices of one prompt (see the header comment): `forks` later jobs copy this job's prompt
+  // state; `fork_of` is the job whose prompt state this one copies (same prompt).
+  int forks = 0;
+  std::shared_ptr<Job> fork_of;
+  bool prompt_logprobs = false;    // logprobs (with `logprobs` alternatives) of every prompt token
 };
 
 // One request as the engine sees it. The HTTP thread keeps a shared_ptr, sets `cancelled` when
@@ -112,6 +131,8 @@ class Engine {
   ~Engine();
 
   void submit(std::shared_ptr<Job> job);  // thread-safe
+  // Several jobs at once, in order (a request's choices: its forks are queued with their source).
+  void submit(std::vector<std::shared_ptr<Job>> jobs);
   void start();                           // the engine thread
   void stop();                            // stops after the current step; unfinished jobs end "cancelled"
   // Runs one scheduler iteration on the caller's thread (tests; only without start()).
@@ -139,7 +160,9 @@ class Engine {
   void drop_cancelled();
   void admit();
   int32_t choose_slot(const std::vector<int32_t>& prompt, int64_t* reused);
+  bool waits_for_fork(const Job& j) const;
   void on_logits(Seq& s, const float* row);
+  void on_prompt_row(Seq& s, int64_t pos, const float* row);
   void finish(Seq& s, const std::string& reason, bool eos, const std::string& error = "");
 
   ModelBackend& be_;
@@ -163,6 +186,7 @@ class Engine {
   std::vector<int32_t> b_token_, b_pos_, b_slot_;
   std::vector<uint8_t> b_logits_;
   std::vector<float> logits_;
+  static constexpr int32_t kPromptRows = 64;  // prompt_logprobs rows a step may ask for
 };
 
 }  // namespace cm::runtime

@@ -23,6 +23,8 @@ void validate_sampling_params(const SamplingParams& p) {
            "sampling: presence_penalty must be finite (got {})", p.presence_penalty);
   CM_CHECK(std::isfinite(p.frequency_penalty),
            "sampling: frequency_penalty must be finite (got {})", p.frequency_penalty);
+  for (const auto& [id, bias] : p.logit_bias)
+    CM_CHECK(std::isfinite(bias), "sampling: logit_bias of token {} must be finite (got {})", id, bias);
 }
 
 Sampler::Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) { validate_sampling_params(p); }
@@ -122,9 +124,13 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, const std::vector<in
   }
   const float* l = logits;
   const SamplingParams& p = params_;
-  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+  const bool penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  if (penalties || !p.logit_bias.empty()) {
     work_.assign(logits, logits + vocab);
-    apply_penalties(vocab, history);
+    // The bias comes first (as vLLM applies it), so a repetition penalty divides a biased logit.
+    for (const auto& [id, bias] : p.logit_bias)
+      if (id >= 0 && id < vocab) work_[size_t(id)] += bias;
+    if (penalties) apply_penalties(vocab, history);
     l = work_.data();
   }
   if (!banned.empty()) {

@@ -6,6 +6,8 @@
 // std::discrete_distribution differ between standard libraries).
 //
 // Order of operations in sample() (HF transformers / vLLM order):
+//   0. logit_bias (OpenAI): bias[id] is added to the raw logit (so -100 effectively bans an id and
+//      +100 all but forces it); the penalties and temperature then act on the biased logits.
 //   1. penalties on ids seen in `history` (prompt + generated so far):
 //      repetition_penalty r (HF/llama.cpp): logit > 0 ? logit / r : logit * r, once per distinct id;
 //      OpenAI penalties: logit -= count * frequency_penalty + (count > 0) * presence_penalty.
@@ -31,6 +33,7 @@
 #pragma once
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace cm {
@@ -43,6 +46,7 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // llama.cpp/HF semantics on previously seen ids
   float presence_penalty = 0.0f, frequency_penalty = 0.0f;  // OpenAI semantics
   uint64_t seed = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit); ids outside the vocab are ignored
 };
 
 // Throws cm::Error naming the first bad field (used by the Sampler constructor; also handy for

@@ -1,5 +1,5 @@
 // HTTP routes of the server (see http_server.h). Each generation request: parse + validate
-// (pure functions), tokenize, submit one Job, then relay its events — as SSE chunks from a
+// (pure functions), tokenize, submit its Jobs (one per choice: serve/choices.h), then relay their events — as SSE chunks from a
 // chunked content provider (a failed write or an early release marks the Job cancelled, so the
 // engine frees its slot at the next step) or as one JSON body.
 #include "serve/http_server.h"
@@ -24,6 +24,7 @@
 
 #include "chat/dsv4.h"
 #include "common/error.h"
+#include "serve/choices.h"
 #include "serve/http_policy.h"
 #include "serve/openai.h"
 #include "tokenizer/tokenizer.h"
@@ -177,25 +178,21 @@ void HttpServer::Impl::post(
 
 // The access line of a request that reached the engine: one at info when it ends (TTFT counts
 // from the request's arrival to its first token event, queueing and prefill included).
-void log_access(const std::string& id, int status, const Responder& r, double ttft_s) {
+void log_access(const std::string& id, int status, const ChoiceSet& r, double ttft_s) {
   spdlog::info("{}: {} prompt={} output={} ttft={} finish={}", id, status, r.prompt_tokens(), r.completion_tokens(),
                ttft_s < 0 ? std::string("-") : fmt::format("{:.3f}s", ttft_s),
                r.failed() ? "error: " + r.error() : r.done() ? r.finish_reason() : std::string("client left"));
-}
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // What a streaming response needs across provider calls (owned by the provider and releaser).
 struct StreamState {
   ApiRequest req;
-  Responder responder;
-  std::shared_ptr<Job> job;
+  ChoiceSet choices;
   bool started = false;
   std::chrono::steady_clock::time_point arrived, last_write = std::chrono::steady_clock::now();
-  double ttft = -1;
-  StreamState(ApiRequest r, ResponseMeta m, const Tokenizer& tok, std::shared_ptr<Job> j)
-      : req(std::move(r)), responder(req, std::move(m), tok), job(std::move(j)) {}
+  StreamState(ApiRequest r, ResponseMeta m, const Tokenizer& tok, std::vector<std::shared_ptr<Job>> jobs,
+              const std::vector<std::string>& echo)
+      : req(std::move(r)), choices(req, std::move(m), tok, std::move(jobs), echo) {}
 };
 
 void HttpServer::Impl::generate(const httplib::Request& req, const std::string& body, httplib::Response& res,
@@ -222,48 +219,58 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
   if (!r.model.empty() && r.model != opt.model_name)
     return fail_with({404, "NotFoundError", fmt::format("The model '{}' does not exist (this server serves '{}')",
                                                          r.model, opt.model_name), "model"});
-  PromptResult pp = build_prompt(r, tok, opt.ctx, defaults);
+  PromptsResult pp = build_prompts(r, tok, opt.ctx, defaults);
   if (pp.error) return fail_with(*pp.error);
-  for (int32_t t : pp.prompt->tokens)
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> budgets;
+  std::vector<std::string> echo;
+  for (Prompt& p : pp.prompts) {
+    for (int32_t t : p.tokens)
+      if (opt.vocab > 0 && t >= opt.vocab)
+        return fail_with({400, "invalid_request_error",
+                          fmt::format("token id {} is outside the model's vocabulary of {}", t, opt.vocab), "prompt"});
+    // echo returns the prompt as text: a token prompt's text is its decoding.
+    if (r.echo) {
+      const PromptInput& in = r.prompts[prompts.size()];
+      echo.push_back(in.text ? *in.text : utf8_sanitize(tok.decode(p.tokens)));
+    }
+    prompts.push_back(std::move(p.tokens));
+    budgets.push_back(p.max_tokens);
+  }
+  for (const auto& [t, bias] : r.sampling.logit_bias)
     if (opt.vocab > 0 && t >= opt.vocab)
       return fail_with({400, "invalid_request_error",
-                        fmt::format("token id {} is outside the model's vocabulary of {}", t, opt.vocab), "prompt"});
+                        fmt::format("'logit_bias' token id {} is outside the model's vocabulary of {}", t, opt.vocab),
+                        "logit_bias"});
 
   JobSpec spec;
   spec.id = id;
-  spec.prompt = std::move(pp.prompt->tokens);
-  spec.max_tokens = pp.prompt->max_tokens;
   spec.sampling = r.sampling;
-  if (!r.seed_given) spec.sampling.seed = random64();
   spec.stop = r.stop;
   spec.ignore_eos = r.ignore_eos;
   spec.stop_token_ids = r.stop_token_ids;
   spec.min_tokens = r.min_tokens;
   spec.logprobs = r.logprobs;
-  auto job = std::make_shared<Job>(std::move(spec));
+  std::vector<std::shared_ptr<Job>> jobs = make_jobs(r, spec, prompts, budgets, [this] { return random64(); });
   ResponseMeta meta{id, unix_now(), opt.model_name};
 
   ++inflight;
-  engine.submit(job);
+  engine.submit(jobs);
   if (!r.stream) {
-    Responder resp(r, meta, tok);
+    ChoiceSet cs(r, meta, tok, std::move(jobs), echo);
     const int sock = find_socket(req);
-    double ttft = -1;
-    while (!resp.done()) {
-      for (const JobEvent& e : job->pop(200)) {
-        if (ttft < 0 && e.kind == JobEvent::Token) ttft = seconds_since(arrived);
-        resp.consume(e);
-      }
-      if (!job->cancelled && peer_closed(sock)) job->cancelled = true;  // the client left: free the slot
+    while (!cs.done()) {
+      cs.consume(200);
+      if (!cs.done() && peer_closed(sock)) cs.cancel();  // the client left: free the slots
     }
     --inflight;
-    log_access(id, resp.failed() ? 500 : 200, resp, ttft);
-    if (resp.failed()) return reply_error(res, {500, "server_error", resp.error(), ""});
+    log_access(id, cs.failed() ? 500 : 200, cs, cs.ttft(arrived));
+    if (cs.failed()) return reply_error(res, {500, "server_error", cs.error(), ""});
     res.status = 200;
-    res.set_content(resp.body(), "application/json");
+    res.set_content(cs.body(), "application/json");
     return;
   }
-  auto st = std::make_shared<StreamState>(std::move(r), meta, tok, job);
+  auto st = std::make_shared<StreamState>(std::move(r), meta, tok, std::move(jobs), echo);
   st->arrived = arrived;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -271,31 +278,28 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
       [st](size_t, httplib::DataSink& sink) {
         std::string out;
         if (!st->started) {
-          out = st->responder.stream_start();
+          out = st->choices.stream_start();
           st->started = true;
         }
-        for (const JobEvent& e : st->job->pop(out.empty() ? 200 : 0)) {
-          if (st->ttft < 0 && e.kind == JobEvent::Token) st->ttft = seconds_since(st->arrived);
-          out += st->responder.stream(e);
-        }
+        out += st->choices.stream(out.empty() ? 200 : 0);
         const auto now = std::chrono::steady_clock::now();
         // An SSE comment now and then lets a write notice a client that left while queued.
         if (out.empty() && now - st->last_write > std::chrono::milliseconds(500)) out = ": keep-alive\n\n";
         if (!out.empty()) {
           st->last_write = now;
           if (!sink.write(out.data(), out.size())) {
-            st->job->cancelled = true;
+            st->choices.cancel();
             return false;
           }
         }
-        if (st->responder.done()) sink.done();
+        if (st->choices.done()) sink.done();
         return true;
       },
       [st, this](bool) {
-        if (!st->responder.done()) st->job->cancelled = true;
+        if (!st->choices.done()) st->choices.cancel();
         --inflight;
         // A stream's status is 200 once headers went out; a client that left shows as "cancelled".
-        log_access(st->job->spec.id, 200, st->responder, st->ttft);
+        log_access(st->choices.id(), 200, st->choices, st->choices.ttft(st->arrived));
       });
 }
 

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "tokenizer/tokenizer.h"
 
 namespace cm::serve {
@@ -90,8 +92,10 @@ void Responder::add_completion_logprobs(const std::vector<TokenOut>& toks, const
   for (const TokenOut& t : toks) {
     const std::string& b = tok_.token_bytes(t.id);
     logprobs_["tokens"].push_back(utf8_sanitize(b));
-    logprobs_["token_logprobs"].push_back(t.logprob);
-    Json top = Json::object();
+    // An echoed prompt's first token has no logprob (nothing before it): null, as OpenAI.
+    const bool none = std::isnan(t.logprob);
+    logprobs_["token_logprobs"].push_back(none ? Json() : Json(t.logprob));
+    Json top = none ? Json() : Json::object();
     for (const TopLogprob& a : t.top) top[utf8_sanitize(tok_.token_bytes(a.id))] = a.logprob;
     logprobs_["top_logprobs"].push_back(top);
     logprobs_["text_offset"].push_back(offset);
@@ -99,9 +103,18 @@ void Responder::add_completion_logprobs(const std::vector<TokenOut>& toks, const
   }
 }
 
+void Responder::take_echo(const JobEvent& e, std::string* text, std::vector<TokenOut>* toks) {
+  if (!echo_pending_) return;
+  echo_pending_ = false;
+  *text = echo_ + e.text;
+  toks->clear();
+  if (req_.logprobs >= 0) *toks = e.prompt_logprobs;
+  toks->insert(toks->end(), e.tokens.begin(), e.tokens.end());
+}
+
 std::string Responder::stream_start() {
   if (req_.endpoint != Endpoint::Chat) return "";
-  return sse(chunk({{"index", 0},
+  return sse(chunk({{"index", index_},
                     {"delta", {{"role", "assistant"}, {"content", ""}}},
                     {"logprobs", nullptr},
                     {"finish_reason", nullptr}}));
@@ -116,7 +129,7 @@ std::string Responder::finish_chat(const JobEvent& e, bool streaming) {
   if (!final_.delta.reasoning.empty()) set_reasoning(delta, final_.delta.reasoning);
   if (!final_.delta.content.empty()) delta["content"] = final_.delta.content;
   if (!final_.tool_calls.empty()) delta["tool_calls"] = tool_calls_json(final_.tool_calls, meta_.id, true);
-  out += sse(chunk({{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish_reason_}}));
+  out += sse(chunk({{"index", index_}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish_reason_}}));
   return out;
 }
 
@@ -131,20 +144,23 @@ std::string Responder::stream(const JobEvent& e) {
       if (!d.reasoning.empty()) set_reasoning(delta, d.reasoning);
       if (!d.content.empty() || d.reasoning.empty()) delta["content"] = d.content;
       Json lp = want_lp ? Json{{"content", chat_logprobs(e.tokens)}} : Json();
-      return sse(chunk({{"index", 0}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", nullptr}}));
+      return sse(chunk({{"index", index_}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", nullptr}}));
     }
-    text_ += e.text;
-    if (e.text.empty() && !want_lp) return "";
+    std::string text = e.text;
+    std::vector<TokenOut> toks = e.tokens;
+    take_echo(e, &text, &toks);
+    text_ += text;
+    if (text.empty() && !want_lp) return "";
     Json lp;
     if (want_lp) {
       logprobs_ = {{"tokens", Json::array()},
                    {"token_logprobs", Json::array()},
                    {"top_logprobs", Json::array()},
                    {"text_offset", Json::array()}};
-      add_completion_logprobs(e.tokens, e.text);
+      add_completion_logprobs(toks, text);
       lp = logprobs_;
     }
-    return sse(chunk({{"index", 0}, {"text", e.text}, {"logprobs", lp}, {"finish_reason", nullptr}}));
+    return sse(chunk({{"index", index_}, {"text", text}, {"logprobs", lp}, {"finish_reason", nullptr}}));
   }
   // Finish.
   done_ = true;
@@ -162,14 +178,15 @@ std::string Responder::stream(const JobEvent& e) {
       if (!d.reasoning.empty()) set_reasoning(delta, d.reasoning);
       if (!d.content.empty()) delta["content"] = d.content;
       if (!delta.empty())
-        out += sse(chunk({{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+        out += sse(chunk({{"index", index_}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
     }
     out += finish_chat(e, true);
   } else {
     finish_reason_ = e.finish_reason;
     text_ += e.text;
-    out += sse(chunk({{"index", 0}, {"text", e.text}, {"logprobs", nullptr}, {"finish_reason", finish_reason_}}));
+    out += sse(chunk({{"index", index_}, {"text", e.text}, {"logprobs", nullptr}, {"finish_reason", finish_reason_}}));
   }
+  if (!solo_) return out;  // the caller merges the choices' ends
   if (req_.include_usage && error_.empty()) {
     Json u = chunk(Json());
     u["usage"] = usage();
@@ -181,18 +198,22 @@ std::string Responder::stream(const JobEvent& e) {
 
 void Responder::consume(const JobEvent& e) {
   const bool chat = req_.endpoint == Endpoint::Chat;
-  if (e.kind == JobEvent::Token || !e.text.empty()) {
+  for (const TokenOut& t : e.tokens) cumulative_logprob_ += t.logprob;
+  std::string text = e.text;
+  std::vector<TokenOut> toks = e.tokens;
+  if (e.kind == JobEvent::Token && !chat) take_echo(e, &text, &toks);
+  if (e.kind == JobEvent::Token || !text.empty()) {
     if (chat) {
-      chat_.push(e.text);
+      chat_.push(text);
     } else {
-      text_ += e.text;
+      text_ += text;
     }
   }
-  if (req_.logprobs >= 0 && !e.tokens.empty()) {
+  if (req_.logprobs >= 0 && !toks.empty()) {
     if (chat) {
-      for (auto& c : chat_logprobs(e.tokens)) chat_lp_.push_back(c);
+      for (auto& c : chat_logprobs(toks)) chat_lp_.push_back(c);
     } else {
-      add_completion_logprobs(e.tokens, e.text);
+      add_completion_logprobs(toks, text);
     }
   }
   if (e.kind != JobEvent::Finish) return;
@@ -208,9 +229,9 @@ void Responder::consume(const JobEvent& e) {
   else finish_reason_ = e.finish_reason;
 }
 
-std::string Responder::body() const {
+Json Responder::choice_json() const {
   const bool chat = req_.endpoint == Endpoint::Chat;
-  Json choice = {{"index", 0}};
+  Json choice = {{"index", index_}};
   if (chat) {
     Json msg = {{"role", "assistant"}};
     msg["content"] = final_.content.empty() && !final_.tool_calls.empty() ? Json() : Json(final_.content);
@@ -223,6 +244,12 @@ std::string Responder::body() const {
     choice["logprobs"] = req_.logprobs >= 0 ? logprobs_ : Json();
   }
   choice["finish_reason"] = finish_reason_;
+  return choice;
+}
+
+std::string Responder::body() const {
+  const bool chat = req_.endpoint == Endpoint::Chat;
+  Json choice = choice_json();
   Json r = {{"id", meta_.id},
             {"object", chat ? "chat.completion" : "text_completion"},
             {"created", meta_.created},

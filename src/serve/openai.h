@@ -38,6 +38,18 @@ struct ResponseMeta {
 class Responder {
  public:
   Responder(const ApiRequest& req, ResponseMeta meta, const Tokenizer& tok);
+  // One choice of several (serve/choices.h): chunks carry `index`, and the stream's usage chunk
+  // and [DONE] are left to the caller, which merges the choices.
+  void set_choice(int index) {
+    index_ = index;
+    solo_ = false;
+  }
+  // echo (completions): the prompt text leads the choice's text, and with logprobs the prompt
+  // tokens' logprobs (the first event's JobEvent::prompt_logprobs) lead its logprobs.
+  void set_echo(std::string prompt_text) {
+    echo_ = std::move(prompt_text);
+    echo_pending_ = true;
+  }
   // Streaming: the SSE text for this event (possibly empty); after Finish it ends with
   // "data: [DONE]\n\n".
   std::string stream(const JobEvent& e);
@@ -53,12 +65,20 @@ class Responder {
   std::string finish_reason() const { return finish_reason_; }
   int64_t prompt_tokens() const { return prompt_tokens_; }
   int64_t completion_tokens() const { return completion_tokens_; }
+  int64_t cached_tokens() const { return cached_tokens_; }
+  // Sum of the generated tokens' raw logprobs (best_of ranks candidates by it; the job must have
+  // asked for logprobs).
+  double cumulative_logprob() const { return cumulative_logprob_; }
+  // The choice object of body() (non-streaming).
+  nlohmann::ordered_json choice_json() const;
 
  private:
   nlohmann::ordered_json chunk(nlohmann::ordered_json choice) const;
   nlohmann::ordered_json usage() const;
   nlohmann::ordered_json chat_logprobs(const std::vector<TokenOut>& toks) const;
   void add_completion_logprobs(const std::vector<TokenOut>& toks, const std::string& text);
+  // Puts the echo (prompt text; prompt logprobs) in front of the first event's text and tokens.
+  void take_echo(const JobEvent& e, std::string* text, std::vector<TokenOut>* toks);
   std::string finish_chat(const JobEvent& e, bool streaming);
 
   const ApiRequest& req_;
@@ -66,6 +86,11 @@ class Responder {
   const Tokenizer& tok_;
   ChatStreamer chat_;
   bool done_ = false;
+  int index_ = 0;
+  bool solo_ = true;
+  std::string echo_;
+  bool echo_pending_ = false;
+  double cumulative_logprob_ = 0;
   std::string error_, finish_reason_;
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
   // Non-stream accumulation.

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -21,6 +22,10 @@ constexpr int kMaxDepth = 64;      // JSON nesting a request may have (the encod
 constexpr size_t kMaxStops = 16;
 constexpr size_t kMaxStopIds = 64;
 constexpr int kMaxLogprobs = 20;
+constexpr int64_t kMaxN = 16;            // n and best_of
+constexpr size_t kMaxPrompts = 32;       // prompts in a completions request's list
+constexpr int64_t kMaxSequences = 64;    // prompts × best_of: the jobs one request may queue
+constexpr size_t kMaxLogitBias = 1024;   // logit_bias entries
 
 struct Bad {
   ApiError e;
@@ -117,6 +122,22 @@ void parse_sampling(const Json& j, const RequestDefaults& d, ApiRequest& r) {
   }
 }
 
+// OpenAI's shape: {"<token id>": bias}, the id as a decimal string (a JSON object's keys are strings).
+void parse_logit_bias(const Json& v, SamplingParams& s) {
+  if (!v.is_object()) bad("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+  if (v.size() > kMaxLogitBias) bad("logit_bias", fmt::format("'logit_bias' may hold at most {} tokens", kMaxLogitBias));
+  for (const auto& [key, bias] : v.items()) {
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits || std::stoll(key) > std::numeric_limits<int32_t>::max())
+      bad("logit_bias", fmt::format("'logit_bias' keys must be token ids (non-negative integers), got \"{}\"", key));
+    if (!bias.is_number() || !std::isfinite(bias.get<double>()) || bias.get<double>() < -100 || bias.get<double>() > 100)
+      bad("logit_bias", fmt::format("'logit_bias' values must be numbers in [-100, 100] (token {}: {})", key,
+                                    bias.dump()));
+    s.logit_bias.emplace_back(int32_t(std::stoll(key)), float(bias.get<double>()));
+  }
+}
+
 void parse_common(const Json& j, const RequestDefaults& d, ApiRequest& r) {
   if (has(j, "model")) r.model = string(j, "model");
   const char* mt = r.endpoint == Endpoint::Chat && has(j, "max_completion_tokens") ? "max_completion_tokens"
@@ -137,9 +158,16 @@ void parse_common(const Json& j, const RequestDefaults& d, ApiRequest& r) {
       bad("stop", "'stop' must be a string or an array of strings");
     }
   }
-  if (has(j, "n") && integer(j, "n", 1, 1) != 1) bad("n", "only n = 1 is supported");
-  if (has(j, "best_of") && integer(j, "best_of", 1, 1) != 1) bad("best_of", "only best_of = 1 is supported");
   if (has(j, "stream")) r.stream = boolean(j, "stream");
+  if (has(j, "n")) r.n = int(integer(j, "n", 1, kMaxN));
+  r.best_of = r.n;
+  if (has(j, "best_of")) {
+    r.best_of = int(integer(j, "best_of", 1, kMaxN));
+    if (r.best_of < r.n) bad("best_of", fmt::format("'best_of' ({}) must be at least 'n' ({})", r.best_of, r.n));
+    // OpenAI's rule: the best candidates are known only once all have ended.
+    if (r.stream && r.best_of > r.n) bad("best_of", "'best_of' greater than 'n' cannot be streamed");
+  }
+  if (has(j, "logit_bias")) parse_logit_bias(j["logit_bias"], r.sampling);
   if (has(j, "stream_options")) {
     const Json& so = j["stream_options"];
     if (!so.is_object()) bad("stream_options", "'stream_options' must be an object");
@@ -165,21 +193,38 @@ void parse_common(const Json& j, const RequestDefaults& d, ApiRequest& r) {
 void parse_completions(const Json& j, ApiRequest& r) {
   if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
   const Json& p = j["prompt"];
-  if (p.is_string()) {
-    r.prompt_text = p.get<std::string>();
-  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-    r.prompt_text = p[0].get<std::string>();
-  } else if (p.is_array() && !p.empty() && p[0].is_number()) {
-    for (const Json& t : p) {
+  constexpr const char* kShape =
+      "'prompt' must be a string, an array of strings, an array of token ids, or an array of token-id arrays";
+  auto token_list = [](const Json& a) {
+    std::vector<int32_t> ids;
+    for (const Json& t : a) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max())
         bad("prompt", "a token prompt must be an array of non-negative integer ids");
-      r.prompt_tokens.push_back(int32_t(t.get<int64_t>()));
+      ids.push_back(int32_t(t.get<int64_t>()));
+    }
+    return ids;
+  };
+  if (p.is_string()) {
+    r.prompts.push_back({p.get<std::string>(), {}});
+  } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+    r.prompts.push_back({std::nullopt, token_list(p)});  // one prompt of token ids
+  } else if (p.is_array() && !p.empty()) {
+    if (p.size() > kMaxPrompts) bad("prompt", fmt::format("'prompt' may hold at most {} prompts", kMaxPrompts));
+    for (const Json& e : p) {
+      if (e.is_string()) r.prompts.push_back({e.get<std::string>(), {}});
+      else if (e.is_array() && !e.empty()) r.prompts.push_back({std::nullopt, token_list(e)});
+      else bad("prompt", kShape);
     }
   } else {
-    bad("prompt", "'prompt' must be a string, an array of one string, or an array of token ids");
+    bad("prompt", kShape);
   }
+  r.prompt_text = r.prompts[0].text;
+  r.prompt_tokens = r.prompts[0].tokens;
+  if (int64_t(r.prompts.size()) * r.best_of > kMaxSequences)
+    bad("n", fmt::format("{} prompts × {} choices is more than the {} sequences a request may ask for",
+                         r.prompts.size(), r.best_of, kMaxSequences));
   if (has(j, "logprobs")) r.logprobs = int(integer(j, "logprobs", 0, kMaxLogprobs));
-  if (has(j, "echo") && boolean(j, "echo")) bad("echo", "echo is not supported");
+  if (has(j, "echo")) r.echo = boolean(j, "echo");
   if (has(j, "suffix")) bad("suffix", "suffix is not supported");
 }
 
@@ -272,7 +317,8 @@ Json chat_messages(const ApiRequest& r) {
 bool known_field(const std::string& k, Endpoint ep) {
   static const std::set<std::string> common = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-      "repetition_penalty", "seed", "stop", "n", "best_of", "stream", "stream_options", "ignore_eos", "user"};
+      "repetition_penalty", "seed", "stop", "n", "best_of", "stream", "stream_options", "ignore_eos", "user",
+      "logit_bias", "stop_token_ids", "min_tokens"};
   static const std::set<std::string> completions = {"prompt", "logprobs", "echo", "suffix"};
   static const std::set<std::string> chat = {"messages",         "max_completion_tokens", "tools",
                                              "tool_choice",      "response_format",       "chat_template_kwargs",
@@ -302,42 +348,63 @@ std::string render_chat(const ApiRequest& r) {
   return chat::encode_messages(chat_messages(r), co);
 }
 
+namespace {
+// One prompt's tokens and budget (build_prompt's contract); `in` is the completions prompt.
+Prompt make_prompt(const ApiRequest& r, const PromptInput& in, const Tokenizer& tok, int64_t ctx,
+                   const RequestDefaults& d) {
+  Prompt p;
+  if (r.endpoint == Endpoint::Chat) {
+    try {
+      p.tokens = tok.encode(render_chat(r));
+    } catch (const Error& e) {
+      bad("messages", e.what());
+    }
+  } else if (in.text) {
+    p.tokens = tok.encode(*in.text);
+  } else {
+    p.tokens = in.tokens;
+    for (int32_t t : p.tokens)
+      if (t >= tok.vocab_size()) bad("prompt", fmt::format("token id {} is outside the vocabulary of {}", t, tok.vocab_size()));
+  }
+  if (p.tokens.empty()) bad("prompt", "the prompt encodes to no tokens");
+  const int64_t n = int64_t(p.tokens.size());
+  // vLLM's (and OpenAI's) wording: clients match "maximum context length is N tokens" to tell
+  // an overflow from other 400s and trim their history.
+  if (n >= ctx)
+    bad("prompt", fmt::format("This model's maximum context length is {} tokens. However, your request has {} input "
+                              "tokens (at least one must remain for the completion). Please reduce the length of "
+                              "the input messages.",
+                              ctx, n));
+  if (r.max_tokens) {
+    p.max_tokens = *r.max_tokens;
+    if (n + p.max_tokens > ctx)
+      bad("max_tokens", fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
+                                    "tokens ({} in the messages, {} in the completion). Please reduce the length "
+                                    "of the messages or completion.",
+                                    ctx, n + p.max_tokens, n, p.max_tokens));
+  } else {
+    p.max_tokens = r.endpoint == Endpoint::Chat ? ctx - n : std::min(d.completions_max_tokens, ctx - n);
+  }
+  return p;
+}
+}  // namespace
+
 PromptResult build_prompt(const ApiRequest& r, const Tokenizer& tok, int64_t ctx, const RequestDefaults& d) {
   return guarded<PromptResult>([&](PromptResult& out) {
-    Prompt p;
-    if (r.endpoint == Endpoint::Chat) {
-      try {
-        p.tokens = tok.encode(render_chat(r));
-      } catch (const Error& e) {
-        bad("messages", e.what());
-      }
-    } else if (r.prompt_text) {
-      p.tokens = tok.encode(*r.prompt_text);
-    } else {
-      p.tokens = r.prompt_tokens;
-      for (int32_t t : p.tokens)
-        if (t >= tok.vocab_size()) bad("prompt", fmt::format("token id {} is outside the vocabulary of {}", t, tok.vocab_size()));
+    out.prompt = make_prompt(r, PromptInput{r.prompt_text, r.prompt_tokens}, tok, ctx, d);
+  });
+}
+
+PromptsResult build_prompts(const ApiRequest& r, const Tokenizer& tok, int64_t ctx, const RequestDefaults& d) {
+  return guarded<PromptsResult>([&](PromptsResult& out) {
+    for (const auto& [id, bias] : r.sampling.logit_bias)
+      if (id >= tok.vocab_size())
+        bad("logit_bias", fmt::format("'logit_bias' token id {} is outside the vocabulary of {}", id, tok.vocab_size()));
+    if (r.endpoint == Endpoint::Chat || r.prompts.empty()) {
+      out.prompts.push_back(make_prompt(r, PromptInput{r.prompt_text, r.prompt_tokens}, tok, ctx, d));
+      return;
     }
-    if (p.tokens.empty()) bad("prompt", "the prompt encodes to no tokens");
-    const int64_t n = int64_t(p.tokens.size());
-    // vLLM's (and OpenAI's) wording: clients match "maximum context length is N tokens" to tell
-    // an overflow from other 400s and trim their history.
-    if (n >= ctx)
-      bad("prompt", fmt::format("This model's maximum context length is {} tokens. However, your request has {} input "
-                                "tokens (at least one must remain for the completion). Please reduce the length of "
-                                "the input messages.",
-                                ctx, n));
-    if (r.max_tokens) {
-      p.max_tokens = *r.max_tokens;
-      if (n + p.max_tokens > ctx)
-        bad("max_tokens", fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
-                                      "tokens ({} in the messages, {} in the completion). Please reduce the length "
-                                      "of the messages or completion.",
-                                      ctx, n + p.max_tokens, n, p.max_tokens));
-    } else {
-      p.max_tokens = r.endpoint == Endpoint::Chat ? ctx - n : std::min(d.completions_max_tokens, ctx - n);
-    }
-    out.prompt = std::move(p);
+    for (const PromptInput& in : r.prompts) out.prompts.push_back(make_prompt(r, in, tok, ctx, d));
   });
 }
 

@@ -8,10 +8,13 @@
 // log and goes on, as vLLM does, or refuses the request with --strict-requests):
 //   both:  model, user (accepted, unused), max_tokens (chat also max_completion_tokens), temperature [0,2], top_p (0,1],
 //          top_k (-1/0 = off), min_p [0,1], presence_penalty / frequency_penalty [-2,2],
-//          repetition_penalty (0,∞), seed, stop (string or array of up to 16 strings), stream,
-//          stream_options.include_usage, n (only 1), ignore_eos, stop_token_ids, min_tokens (vLLM extensions)
-//   /v1/completions: prompt (string, [string] of one, or [token ids]), logprobs (int 0..20),
-//          echo (false only)
+//          repetition_penalty (0,∞), seed (choice i: serve/choices.h's choice_seed), stop (string or
+//          array of up to 16 strings), stream,
+//          stream_options.include_usage, n (1..16), best_of (n..16; not streamed when > n),
+//          logit_bias ({"token id": bias in [-100, 100]}), ignore_eos, stop_token_ids, min_tokens
+//          (vLLM extensions)
+//   /v1/completions: prompt (string, [strings], [token ids] or [[token ids]]: each prompt its own
+//          n choices, prompt-major), logprobs (int 0..20), echo
 //   /v1/chat/completions: messages (DeepSeek-V4 chat encoding), tools, tool_choice
 //          ("auto"|"none"|"required"), logprobs (bool), top_logprobs (0..20),
 //          chat_template_kwargs {"thinking": bool}, reasoning_effort (low|medium|high|max; turns
@@ -53,12 +56,20 @@ struct RequestDefaults {
   int64_t completions_max_tokens = 16;  // OpenAI's default for /v1/completions
 };
 
+// One prompt of a completions request: text, or token ids when `text` is empty.
+struct PromptInput {
+  std::optional<std::string> text;
+  std::vector<int32_t> tokens;
+};
+
 struct ApiRequest {
   Endpoint endpoint = Endpoint::Completions;
   std::string model;  // "" when not given
   // /v1/completions: text or token ids.
   std::optional<std::string> prompt_text;
   std::vector<int32_t> prompt_tokens;
+  std::vector<PromptInput> prompts;  // every prompt of a list (the first is also prompt_text/_tokens)
+  bool echo = false;                 // the prompt leads each choice's text (and logprobs)
   // /v1/chat/completions
   nlohmann::ordered_json messages;  // validated by the encoder in build_prompt
   nlohmann::ordered_json tools;     // null when none (or tool_choice "none")
@@ -69,6 +80,7 @@ struct ApiRequest {
   std::optional<int64_t> max_tokens;
   SamplingParams sampling;
   bool seed_given = false;
+  int n = 1, best_of = 1;  // choices returned per prompt; candidates generated per prompt (best n kept)
   std::vector<std::string> stop;
   bool stream = false, include_usage = false, ignore_eos = false;
   std::vector<int32_t> stop_token_ids;  // end like EOS
@@ -98,6 +110,13 @@ struct PromptResult {
 // ctx. A missing max_tokens is completions_max_tokens (completions) or the rest of the context
 // (chat). Never throws.
 PromptResult build_prompt(const ApiRequest& r, const Tokenizer& tok, int64_t ctx, const RequestDefaults& d);
+// Every prompt of the request (completions' prompt lists; one for chat), each as build_prompt
+// makes it; also checks logit_bias ids against the vocabulary. Never throws.
+struct PromptsResult {
+  std::vector<Prompt> prompts;
+  std::optional<ApiError> error;
+};
+PromptsResult build_prompts(const ApiRequest& r, const Tokenizer& tok, int64_t ctx, const RequestDefaults& d);
 // The prompt text of a chat request (DeepSeek-V4 encoding with its tools, response_format and
 // thinking mode), as build_prompt encodes it; /tokenize renders messages with it too. Throws
 // cm::Error on messages the encoder refuses.
