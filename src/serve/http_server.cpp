@@ -26,6 +26,7 @@
 #include "common/error.h"
 #include "serve/http_policy.h"
 #include "serve/openai.h"
+#include "serve/responses.h"
 #include "tokenizer/tokenizer.h"
 
 namespace cm::serve {
@@ -132,6 +133,16 @@ struct HttpServer::Impl {
 
   void routes();
   void generate(const httplib::Request& req, const std::string& body, httplib::Response& res, Endpoint ep);
+  void responses(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  // Checks a parsed request against the server (unknown fields, model, context, vocabulary) and
+  // submits its job; null once `fail_with` has answered a refused request.
+  std::shared_ptr<Job> submit(ApiRequest& r, const std::string& id,
+                              const std::function<void(const ApiError&)>& fail_with);
+  // Relays a submitted job's events to the client through responder R (Responder or
+  // ResponsesResponder, built over the request Q it keeps): SSE when `stream`, else one body.
+  template <typename Q, typename R>
+  void relay(const httplib::Request& req, httplib::Response& res, Q q, bool stream, std::shared_ptr<Job> job,
+             ResponseMeta meta, std::chrono::steady_clock::time_point arrived);
   void tokenize(const std::string& body, httplib::Response& res);
   void detokenize(const std::string& body, httplib::Response& res);
   // A POST route that reads its body itself (see read_body) and hands it to `fn`.
@@ -177,7 +188,8 @@ void HttpServer::Impl::post(
 
 // The access line of a request that reached the engine: one at info when it ends (TTFT counts
 // from the request's arrival to its first token event, queueing and prefill included).
-void log_access(const std::string& id, int status, const Responder& r, double ttft_s) {
+template <typename R>
+void log_access(const std::string& id, int status, const R& r, double ttft_s) {
   spdlog::info("{}: {} prompt={} output={} ttft={} finish={}", id, status, r.prompt_tokens(), r.completion_tokens(),
                ttft_s < 0 ? std::string("-") : fmt::format("{:.3f}s", ttft_s),
                r.failed() ? "error: " + r.error() : r.done() ? r.finish_reason() : std::string("client left"));
@@ -187,14 +199,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // What a streaming response needs across provider calls (owned by the provider and releaser).
+template <typename Q, typename R>
 struct StreamState {
-  ApiRequest req;
-  Responder responder;
+  Q req;
+  R responder;
   std::shared_ptr<Job> job;
   bool started = false;
   std::chrono::steady_clock::time_point arrived, last_write = std::chrono::steady_clock::now();
   double ttft = -1;
-  StreamState(ApiRequest r, ResponseMeta m, const Tokenizer& tok, std::shared_ptr<Job> j)
+  StreamState(Q r, ResponseMeta m, const Tokenizer& tok, std::shared_ptr<Job> j)
       : req(std::move(r)), responder(req, std::move(m), tok), job(std::move(j)) {}
 };
 
@@ -211,23 +224,59 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
   ParseResult pr = parse_request(body, ep, defaults);
   if (pr.error) return fail_with(*pr.error);
   ApiRequest& r = *pr.request;
+  auto job = submit(r, id, fail_with);
+  if (!job) return;
+  const bool stream = r.stream;
+  relay<ApiRequest, Responder>(req, res, std::move(r), stream, std::move(job), {id, unix_now(), opt.model_name},
+                               arrived);
+}
+
+void HttpServer::Impl::responses(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+  const auto arrived = std::chrono::steady_clock::now();
+  const std::string id = fmt::format("resp_{:016x}", random64());
+  auto fail_with = [&](const ApiError& e) {
+    spdlog::info("{}: {} {}", id, e.status, e.message);
+    reply_error(res, e);
+  };
+  if (draining) return fail_with({503, "server_error", "the server is shutting down", ""});
+  ResponsesParse pr = parse_responses_request(body, defaults);
+  if (pr.error) return fail_with(*pr.error);
+  // The shared checks word their errors for chat ("messages", "max_tokens"): say them our way.
+  auto job = submit(pr.request->chat, id, [&](const ApiError& e) { fail_with(responses_error(e)); });
+  if (!job) return;
+  const bool stream = pr.request->chat.stream;
+  relay<ResponsesRequest, ResponsesResponder>(req, res, std::move(*pr.request), stream, std::move(job),
+                                              {id, unix_now(), opt.model_name}, arrived);
+}
+
+std::shared_ptr<Job> HttpServer::Impl::submit(ApiRequest& r, const std::string& id,
+                                              const std::function<void(const ApiError&)>& fail_with) {
   if (!r.unknown_fields.empty()) {
     const std::string names = fmt::format("'{}'", fmt::join(r.unknown_fields, "', '"));
-    if (opt.strict_requests)
-      return fail_with({400, "invalid_request_error",
-                        fmt::format("unknown request field(s) {} (the server runs with --strict-requests)", names),
-                        r.unknown_fields[0]});
+    if (opt.strict_requests) {
+      fail_with({400, "invalid_request_error",
+                 fmt::format("unknown request field(s) {} (the server runs with --strict-requests)", names),
+                 r.unknown_fields[0]});
+      return nullptr;
+    }
     spdlog::warn("{}: the request has fields this server ignores: {}", id, names);
   }
-  if (!r.model.empty() && r.model != opt.model_name)
-    return fail_with({404, "NotFoundError", fmt::format("The model '{}' does not exist (this server serves '{}')",
-                                                         r.model, opt.model_name), "model"});
+  if (!r.model.empty() && r.model != opt.model_name) {
+    fail_with({404, "NotFoundError", fmt::format("The model '{}' does not exist (this server serves '{}')",
+                                                  r.model, opt.model_name), "model"});
+    return nullptr;
+  }
   PromptResult pp = build_prompt(r, tok, opt.ctx, defaults);
-  if (pp.error) return fail_with(*pp.error);
+  if (pp.error) {
+    fail_with(*pp.error);
+    return nullptr;
+  }
   for (int32_t t : pp.prompt->tokens)
-    if (opt.vocab > 0 && t >= opt.vocab)
-      return fail_with({400, "invalid_request_error",
-                        fmt::format("token id {} is outside the model's vocabulary of {}", t, opt.vocab), "prompt"});
+    if (opt.vocab > 0 && t >= opt.vocab) {
+      fail_with({400, "invalid_request_error",
+                 fmt::format("token id {} is outside the model's vocabulary of {}", t, opt.vocab), "prompt"});
+      return nullptr;
+    }
 
   JobSpec spec;
   spec.id = id;
@@ -241,12 +290,17 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
   spec.min_tokens = r.min_tokens;
   spec.logprobs = r.logprobs;
   auto job = std::make_shared<Job>(std::move(spec));
-  ResponseMeta meta{id, unix_now(), opt.model_name};
-
   ++inflight;
   engine.submit(job);
-  if (!r.stream) {
-    Responder resp(r, meta, tok);
+  return job;
+}
+
+template <typename Q, typename R>
+void HttpServer::Impl::relay(const httplib::Request& req, httplib::Response& res, Q q, bool stream,
+                             std::shared_ptr<Job> job, ResponseMeta meta, std::chrono::steady_clock::time_point arrived) {
+  const std::string& id = meta.id;
+  if (!stream) {
+    R resp(q, meta, tok);
     const int sock = find_socket(req);
     double ttft = -1;
     while (!resp.done()) {
@@ -263,7 +317,7 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
     res.set_content(resp.body(), "application/json");
     return;
   }
-  auto st = std::make_shared<StreamState>(std::move(r), meta, tok, job);
+  auto st = std::make_shared<StreamState<Q, R>>(std::move(q), meta, tok, job);
   st->arrived = arrived;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -398,6 +452,9 @@ void HttpServer::Impl::routes() {
   });
   post("/v1/chat/completions", [this](const httplib::Request& q, const std::string& b, httplib::Response& s) {
     generate(q, b, s, Endpoint::Chat);
+  });
+  post("/v1/responses", [this](const httplib::Request& q, const std::string& b, httplib::Response& s) {
+    responses(q, b, s);
   });
   post("/tokenize", [this](const httplib::Request&, const std::string& b, httplib::Response& s) { tokenize(b, s); });
   post("/detokenize", [this](const httplib::Request&, const std::string& b, httplib::Response& s) {
