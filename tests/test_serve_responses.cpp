@@ -295,7 +295,7 @@ TEST(ServeResponsesResponder, TextStreamEventsInOrderAndAgreeWithTheBody) {
   ASSERT_EQ(r.body["output"].size(), 1u);
   EXPECT_EQ(r.body["output"][0], Json::parse(R"({"id":"msg_00ab","type":"message","status":"completed",
       "role":"assistant","content":[{"type":"output_text","text":"The sky is blue.","annotations":[],"logprobs":[]}]})"));
-  EXPECT_EQ(r.body["usage"], Json::parse(R"({"input_tokens":20,"input_tokens_details":{"cached_tokens":3},
+  EXPECT_EQ(r.body["usage"], Json::parse(R"({"input_tokens":20,"input_tokens_details":{"cached_tokens":3,"cache_write_tokens":0},
       "output_tokens":5,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":25})"));
 }
 

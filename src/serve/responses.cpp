@@ -201,7 +201,8 @@ const std::set<std::string>& known_fields() {
   static const std::set<std::string> k = {
       "model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
       "stream", "reasoning", "text", "metadata", "user", "store", "seed", "previous_response_id",
-      "parallel_tool_calls", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"};
+      "parallel_tool_calls", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+      "ignore_eos", "min_tokens", "stop_token_ids"};
   return k;
 }
 
@@ -213,7 +214,8 @@ Json chat_body(const Json& j, Json& echo) {
   Json c = Json::object();
   // Fields of the same name and meaning: the chat parser validates them.
   for (const char* k : {"model", "temperature", "top_p", "seed", "stream", "user", "top_k", "min_p",
-                        "presence_penalty", "frequency_penalty", "repetition_penalty"})
+                        "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "min_tokens",
+                        "stop_token_ids"})
     if (has(j, k)) c[k] = j[k];
   if (has(j, "max_output_tokens")) c["max_tokens"] = j["max_output_tokens"];
   c["messages"] = input_messages(j);

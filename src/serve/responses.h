@@ -16,9 +16,9 @@
 // latter as "required"), max_output_tokens, temperature, top_p, stream, reasoning.effort (none/
 // minimal: no thinking; low/medium/high: thinking; xhigh/max: thinking at effort max), text.format
 // (text|json_object|json_schema -> chat's response_format), parallel_tool_calls, metadata, user,
-// store (nothing is stored), seed, and the chat endpoint's sampling extensions (top_k, min_p,
-// presence_penalty, frequency_penalty, repetition_penalty). previous_response_id is a 400 (no
-// stored responses). Other fields are unknown_fields (the server's usual policy).
+// store (nothing is stored), seed, and the chat endpoint's extensions (top_k, min_p,
+// presence_penalty, frequency_penalty, repetition_penalty, ignore_eos, min_tokens,
+// stop_token_ids). previous_response_id is a 400 (no stored responses). Other fields are unknown_fields (the server's usual policy).
 //
 // Streamed events (`event: TYPE` + `data: JSON`, each with a growing sequence_number):
 //   response.created, response.in_progress,

@@ -246,7 +246,9 @@ Json ResponsesResponder::response_json() const {
             {"user", q.echo.value("user", Json())}};
   if (done_ && !failed())
     r["usage"] = {{"input_tokens", prompt_tokens_},
-                  {"input_tokens_details", {{"cached_tokens", cached_tokens_}}},
+                  // cache_write_tokens: the current openai client's schema requires it; this
+                  // server does not count cache writes apart.
+                  {"input_tokens_details", {{"cached_tokens", cached_tokens_}, {"cache_write_tokens", 0}}},
                   {"output_tokens", completion_tokens_},
                   {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens_}}},
                   {"total_tokens", prompt_tokens_ + completion_tokens_}};
