@@ -1,9 +1,9 @@
 // ResponsesResponder (see responses.h): the "response" object and its streamed events. One state
 // machine serves both: consume() runs the same steps as stream() with the events left unwritten,
 // so a streamed answer and a plain one have the same output items, ids and texts.
-#include <fmt/format.h>
-
 #include "serve/responses.h"
+
+#include <fmt/format.h>
 
 namespace cm::serve {
 
