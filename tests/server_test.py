@@ -1,8 +1,9 @@
 """`clawmine serve` end to end on the default model, through the official `openai` client (and raw
 HTTP for what a client library would not send): completions and chat, plain and streamed, usage,
 stop strings, greedy determinism alone vs 32 concurrent, equality with `clawmine generate`,
-abandoned streams, auth, malformed requests, metrics, tokenize, SIGTERM draining, and a
-200-stream load test with random disconnects (tools/load_test.py --check).
+abandoned streams, auth, malformed requests, metrics, tokenize, SIGTERM draining, a
+200-stream load test with random disconnects (tools/load_test.py --check), and, in the last
+section, the Responses API (client.responses.create).
 
 Run: CLAWMINE_BIN=build/clawmine CLAWMINE_MODEL=models/default python -m pytest -q tests/server_test.py
 """
@@ -734,3 +735,235 @@ def test_fields_more_choices_than_slots():
         assert [ch.text for ch in r.choices] == [ch.text for ch in big.choices]
     finally:
         s.stop()
+
+# POST /v1/responses (OpenAI's Responses API, mapped onto the chat path): the official client's
+# responses.create, plain and streamed, with instructions, input items, tools and reasoning; the
+# bodies and events also validated against the client's own pydantic types, strictly.
+from openai.types.responses import Response as ResponsesResponse  # noqa: E402
+from openai.types.responses import ResponseStreamEvent  # noqa: E402
+import pydantic  # noqa: E402
+
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+def responses_raw(srv, body):
+    """POST /v1/responses: (status, parsed JSON) plain, or (status, [(event, data)]) streamed."""
+    st, data = srv.raw("POST", "/v1/responses", json.dumps(body), {"Content-Type": "application/json"})
+    if not body.get("stream") or st != 200:
+        return st, json.loads(data)
+    events = []
+    for block in data.decode().split("\n\n"):
+        if not block.strip() or block.startswith(":"):
+            continue
+        head, payload = block.split("\n", 1)
+        assert head.startswith("event: ") and payload.startswith("data: "), block
+        events.append((head[7:], json.loads(payload[6:])))
+    return st, events
+
+
+def chat_count(srv, msgs, **extra):
+    return json.loads(srv.raw("POST", "/tokenize", json.dumps({"messages": msgs, **extra}))[1])["count"]
+
+
+def test_responses_plain_output_text_and_usage(srv):
+    r = srv.client().responses.create(model="default", input=PROMPT, max_output_tokens=8, temperature=0)
+    assert isinstance(r, ResponsesResponse)
+    assert r.id.startswith("resp_") and r.object == "response" and r.model == "default"
+    assert r.status in ("completed", "incomplete") and r.error is None
+    msg = [o for o in r.output if o.type == "message"]
+    assert len(msg) == 1 and msg[0].role == "assistant" and msg[0].content[0].type == "output_text"
+    assert isinstance(r.output_text, str) and r.output_text == msg[0].content[0].text
+    assert r.usage.input_tokens == chat_count(srv, [{"role": "user", "content": PROMPT}])
+    assert 1 <= r.usage.output_tokens <= 8
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.usage.output_tokens_details.reasoning_tokens == 0
+    assert r.max_output_tokens == 8 and r.temperature == 0 and r.tools == [] and r.tool_choice == "auto"
+    # The raw body passes the client's types strictly (not just its lenient construct()).
+    st, body = responses_raw(srv, {"model": "default", "input": PROMPT, "max_output_tokens": 8, "temperature": 0,
+                                   "metadata": {"run": "1"}, "store": False, "user": "alice"})
+    assert st == 200
+    ResponsesResponse.model_validate(body)
+    assert body["output"][-1]["content"][0]["text"] == r.output_text  # greedy: the same answer again
+    assert body["metadata"] == {"run": "1"} and body["user"] == "alice" and body["store"] is False
+
+
+def test_responses_equal_chat_for_the_same_messages(srv):
+    c = srv.client()
+    chat_msgs = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a colour."}]
+    chat = c.chat.completions.create(model="default", messages=chat_msgs, max_tokens=10, temperature=0)
+    r = c.responses.create(model="default", instructions="You are brief.", input="Name a colour.",
+                           max_output_tokens=10, temperature=0)
+    assert r.instructions == "You are brief."
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.output_tokens == chat.usage.completion_tokens
+    # A list of input items (typed content parts, an earlier assistant turn) is the same conversation.
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+               {"role": "user", "content": "Name a colour."}]
+    chat = c.chat.completions.create(model="default", messages=history, max_tokens=10, temperature=0)
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+             {"type": "message", "role": "assistant",
+              "content": [{"type": "output_text", "text": "Hello.", "annotations": []}]},
+             {"role": "user", "content": "Name a colour."}]
+    r = c.responses.create(model="default", input=items, max_output_tokens=10, temperature=0)
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_responses_stream_events_in_order(srv):
+    c = srv.client()
+    plain = c.responses.create(model="default", input=PROMPT, max_output_tokens=12, temperature=0)
+    events = list(c.responses.create(model="default", input=PROMPT, max_output_tokens=12, temperature=0,
+                                     stream=True))
+    types = [e.type for e in events]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    end = "response.completed" if plain.status == "completed" else "response.incomplete"
+    assert types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          end]
+    assert set(types[4:-4]) == {"response.output_text.delta"} and len(types[4:-4]) >= 1
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    final = events[-1].response
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert final.output_text == deltas == plain.output_text
+    assert events[-4].text == deltas and events[-2].item.content[0].text == deltas
+    assert {e.item_id for e in events if e.type == "response.output_text.delta"} == {final.output[0].id}
+    assert final.id == events[0].response.id and final.usage.output_tokens == plain.usage.output_tokens
+    # Every event's JSON passes the client's event types strictly.
+    st, raw = responses_raw(srv, {"input": PROMPT, "max_output_tokens": 12, "temperature": 0, "stream": True})
+    assert st == 200 and [t for t, _ in raw] == types
+    adapter = pydantic.TypeAdapter(ResponseStreamEvent)
+    for t, data in raw:
+        assert data["type"] == t
+        adapter.validate_python(data)
+
+
+def test_responses_max_output_tokens_is_incomplete(srv):
+    c = srv.client()
+    r = c.responses.create(model="default", input=PROMPT, max_output_tokens=3, temperature=0,
+                           extra_body={"ignore_eos": True})
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 3 and r.output[-1].status == "incomplete"
+    events = list(c.responses.create(model="default", input=PROMPT, max_output_tokens=3, temperature=0, stream=True,
+                                     extra_body={"ignore_eos": True}))
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+    assert events[-1].response.output_text == r.output_text
+
+
+def test_responses_reasoning_item_matches_chat_thinking(srv):
+    c = srv.client()
+    msgs = [{"role": "user", "content": "Why is the sky blue?"}]
+    chat = c.chat.completions.create(model="default", messages=msgs, max_tokens=16, temperature=0,
+                                     reasoning_effort="high")
+    r = c.responses.create(model="default", input="Why is the sky blue?", max_output_tokens=16, temperature=0,
+                           reasoning={"effort": "high"})
+    reasoning = chat.choices[0].message.model_extra["reasoning_content"]
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    items = [o for o in r.output if o.type == "reasoning"]
+    assert items and items[0].content[0].text == reasoning and r.output[0].type == "reasoning"
+    assert r.output_text == (chat.choices[0].message.content or "")
+    assert 1 <= r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
+    assert r.reasoning.effort == "high"
+    events = list(c.responses.create(model="default", input="Why is the sky blue?", max_output_tokens=16,
+                                     temperature=0, reasoning={"effort": "high"}, stream=True))
+    streamed = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert streamed == reasoning
+    assert [e.text for e in events if e.type == "response.reasoning_text.done"] == [reasoning]
+    assert events[-1].response.output[0].content[0].text == reasoning
+    for mark in ("<think>", "</think>", "DSML"):
+        assert mark not in streamed and mark not in r.output_text
+
+
+def test_responses_tool_round_trip(srv):
+    c = srv.client()
+    items = [{"role": "user", "content": "Weather in Paris?"},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+              "arguments": "{\"city\": \"Paris\"}"},
+             {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21 C"}]
+    r = c.responses.create(model="default", input=items, tools=[WEATHER_TOOL], max_output_tokens=6, temperature=0)
+    assert r.status in ("completed", "incomplete")
+    assert [t.name for t in r.tools] == ["get_weather"] and r.parallel_tool_calls is True
+    chat_msgs = [{"role": "user", "content": "Weather in Paris?"},
+                 {"role": "assistant", "content": "", "tool_calls": [
+                     {"id": "call_1", "type": "function",
+                      "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                 {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    chat_tool = {"type": "function", "function": {k: WEATHER_TOOL[k] for k in ("name", "description", "parameters")}}
+    assert r.usage.input_tokens == chat_count(srv, chat_msgs, tools=[chat_tool])
+    chat = c.chat.completions.create(model="default", messages=chat_msgs, tools=[chat_tool], max_tokens=6,
+                                     temperature=0)
+    assert r.output_text == (chat.choices[0].message.content or "")
+    # tool_choice naming the function is accepted; output items keep their order and ids.
+    r = c.responses.create(model="default", input="Weather in Paris?", tools=[WEATHER_TOOL], max_output_tokens=4,
+                           tool_choice={"type": "function", "name": "get_weather"})
+    assert r.tool_choice.name == "get_weather"
+    assert r.output and all(r.id[len("resp_"):] in o.id for o in r.output)  # item ids share the response's
+
+
+def test_responses_malformed_input(srv):
+    c = srv.client()
+    bad = [({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+           ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+           ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
+            "input[0].content[0].type"),
+           ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+           ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+           ({"input": "x", "max_output_tokens": 5000}, "max_output_tokens"),
+           ({"input": "x", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
+           ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
+           ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+           ({"input": 5}, "input"),
+           ({"instructions": "x"}, "input")]
+    for body, param in bad:
+        st, data = responses_raw(srv, body)
+        assert st == 400 and data["error"]["param"] == param and data["error"]["code"] == 400, (body, data)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="default", input=[{"role": "user"}])
+    assert "input[0].content" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="default", input="x", previous_response_id="resp_123")
+    assert "stored responses are not supported" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="default", input="x " * 1200)
+    assert "maximum context length is 1024 tokens" in str(e.value)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.create(model="gpt-4", input="x")
+    assert srv.raw("POST", "/v1/responses", "{not json", {"Content-Type": "application/json"})[0] == 400
+    assert c.responses.create(model="default", input="x", max_output_tokens=2).usage.output_tokens >= 1
+
+
+def test_responses_unknown_fields_logged(srv):
+    n_before = sum("fields this server ignores" in l for l in srv.lines)
+    r = srv.client().responses.create(model="default", input="x", max_output_tokens=1,
+                                      extra_body={"frobnicate": 1})
+    assert r.usage.output_tokens == 1
+    time.sleep(0.2)
+    logged = [l for l in srv.lines if "fields this server ignores" in l][n_before:]
+    assert len(logged) == 1 and "resp_" in logged[0] and "'frobnicate'" in logged[0]
+
+
+def test_responses_abandoned_stream_frees_its_slot(srv):
+    _, text = srv.raw("GET", "/metrics")
+    before = float(re.search(r'finished_reason="cancelled"\} (\S+)', text.decode()).group(1))
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    body = json.dumps({"input": PROMPT, "max_output_tokens": 900, "stream": True, "ignore_eos": True,
+                       "temperature": 0})
+    s.sendall((f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    s.settimeout(30)
+    seen = b""
+    while b"response.output_text.delta" not in seen:  # tokens are flowing
+        chunk = s.recv(4096)
+        assert chunk, "server closed the stream"
+        seen += chunk
+    assert b"event: response.created" in seen
+    s.close()
+    deadline = time.time() + 20
+    while time.time() < deadline and srv.metric("num_requests_running") != 0:
+        time.sleep(0.05)
+    assert srv.metric("num_requests_running") == 0
+    _, text = srv.raw("GET", "/metrics")
+    assert float(re.search(r'finished_reason="cancelled"\} (\S+)', text.decode()).group(1)) >= before + 1

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -27,6 +28,7 @@
 #include "serve/choices.h"
 #include "serve/http_policy.h"
 #include "serve/openai.h"
+#include "serve/responses.h"
 #include "tokenizer/tokenizer.h"
 
 namespace cm::serve {
@@ -133,6 +135,22 @@ struct HttpServer::Impl {
 
   void routes();
   void generate(const httplib::Request& req, const std::string& body, httplib::Response& res, Endpoint ep);
+  void responses(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  // A request's jobs (one per choice) and the prompt texts `echo` leads them with.
+  struct Submitted {
+    std::vector<std::shared_ptr<Job>> jobs;
+    std::vector<std::string> echo;
+  };
+  // Checks a parsed request against the server (unknown fields, model, context, vocabulary) and
+  // submits its jobs; nullopt once `fail_with` has answered a refused request.
+  std::optional<Submitted> submit(ApiRequest& r, const std::string& id,
+                                  const std::function<void(const ApiError&)>& fail_with);
+  // Relays one submitted job's events to the client through responder R (ResponsesResponder, built
+  // over the request Q it keeps): SSE when `stream`, else one body. Chat and completions, whose
+  // requests may hold several choices, go through ChoiceSet in generate().
+  template <typename Q, typename R>
+  void relay_one(const httplib::Request& req, httplib::Response& res, Q q, bool stream, std::shared_ptr<Job> job,
+                 ResponseMeta meta, std::chrono::steady_clock::time_point arrived);
   void tokenize(const std::string& body, httplib::Response& res);
   void detokenize(const std::string& body, httplib::Response& res);
   // A POST route that reads its body itself (see read_body) and hands it to `fn`.
@@ -178,10 +196,15 @@ void HttpServer::Impl::post(
 
 // The access line of a request that reached the engine: one at info when it ends (TTFT counts
 // from the request's arrival to its first token event, queueing and prefill included).
-void log_access(const std::string& id, int status, const ChoiceSet& r, double ttft_s) {
+template <typename R>
+void log_access(const std::string& id, int status, const R& r, double ttft_s) {
   spdlog::info("{}: {} prompt={} output={} ttft={} finish={}", id, status, r.prompt_tokens(), r.completion_tokens(),
                ttft_s < 0 ? std::string("-") : fmt::format("{:.3f}s", ttft_s),
                r.failed() ? "error: " + r.error() : r.done() ? r.finish_reason() : std::string("client left"));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // What a streaming response needs across provider calls (owned by the provider and releaser).
@@ -193,6 +216,19 @@ struct StreamState {
   StreamState(ApiRequest r, ResponseMeta m, const Tokenizer& tok, std::vector<std::shared_ptr<Job>> jobs,
               const std::vector<std::string>& echo)
       : req(std::move(r)), choices(req, std::move(m), tok, std::move(jobs), echo) {}
+};
+
+// The same for a one-job response (/v1/responses).
+template <typename Q, typename R>
+struct OneStreamState {
+  Q req;
+  R responder;
+  std::shared_ptr<Job> job;
+  bool started = false;
+  std::chrono::steady_clock::time_point arrived, last_write = std::chrono::steady_clock::now();
+  double ttft = -1;
+  OneStreamState(Q r, ResponseMeta m, const Tokenizer& tok, std::shared_ptr<Job> j)
+      : req(std::move(r)), responder(req, std::move(m), tok), job(std::move(j)) {}
 };
 
 void HttpServer::Impl::generate(const httplib::Request& req, const std::string& body, httplib::Response& res,
@@ -208,54 +244,11 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
   ParseResult pr = parse_request(body, ep, defaults);
   if (pr.error) return fail_with(*pr.error);
   ApiRequest& r = *pr.request;
-  if (!r.unknown_fields.empty()) {
-    const std::string names = fmt::format("'{}'", fmt::join(r.unknown_fields, "', '"));
-    if (opt.strict_requests)
-      return fail_with({400, "invalid_request_error",
-                        fmt::format("unknown request field(s) {} (the server runs with --strict-requests)", names),
-                        r.unknown_fields[0]});
-    spdlog::warn("{}: the request has fields this server ignores: {}", id, names);
-  }
-  if (!r.model.empty() && r.model != opt.model_name)
-    return fail_with({404, "NotFoundError", fmt::format("The model '{}' does not exist (this server serves '{}')",
-                                                         r.model, opt.model_name), "model"});
-  PromptsResult pp = build_prompts(r, tok, opt.ctx, defaults);
-  if (pp.error) return fail_with(*pp.error);
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<int64_t> budgets;
-  std::vector<std::string> echo;
-  for (Prompt& p : pp.prompts) {
-    for (int32_t t : p.tokens)
-      if (opt.vocab > 0 && t >= opt.vocab)
-        return fail_with({400, "invalid_request_error",
-                          fmt::format("token id {} is outside the model's vocabulary of {}", t, opt.vocab), "prompt"});
-    // echo returns the prompt as text: a token prompt's text is its decoding.
-    if (r.echo) {
-      const PromptInput& in = r.prompts[prompts.size()];
-      echo.push_back(in.text ? *in.text : utf8_sanitize(tok.decode(p.tokens)));
-    }
-    prompts.push_back(std::move(p.tokens));
-    budgets.push_back(p.max_tokens);
-  }
-  for (const auto& [t, bias] : r.sampling.logit_bias)
-    if (opt.vocab > 0 && t >= opt.vocab)
-      return fail_with({400, "invalid_request_error",
-                        fmt::format("'logit_bias' token id {} is outside the model's vocabulary of {}", t, opt.vocab),
-                        "logit_bias"});
-
-  JobSpec spec;
-  spec.id = id;
-  spec.sampling = r.sampling;
-  spec.stop = r.stop;
-  spec.ignore_eos = r.ignore_eos;
-  spec.stop_token_ids = r.stop_token_ids;
-  spec.min_tokens = r.min_tokens;
-  spec.logprobs = r.logprobs;
-  std::vector<std::shared_ptr<Job>> jobs = make_jobs(r, spec, prompts, budgets, [this] { return random64(); });
+  auto sub = submit(r, id, fail_with);
+  if (!sub) return;
+  std::vector<std::shared_ptr<Job>>& jobs = sub->jobs;
+  const std::vector<std::string>& echo = sub->echo;
   ResponseMeta meta{id, unix_now(), opt.model_name};
-
-  ++inflight;
-  engine.submit(jobs);
   if (!r.stream) {
     ChoiceSet cs(r, meta, tok, std::move(jobs), echo);
     const int sock = find_socket(req);
@@ -300,6 +293,138 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
         --inflight;
         // A stream's status is 200 once headers went out; a client that left shows as "cancelled".
         log_access(st->choices.id(), 200, st->choices, st->choices.ttft(st->arrived));
+      });
+}
+
+void HttpServer::Impl::responses(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+  const auto arrived = std::chrono::steady_clock::now();
+  const std::string id = fmt::format("resp_{:016x}", random64());
+  auto fail_with = [&](const ApiError& e) {
+    spdlog::info("{}: {} {}", id, e.status, e.message);
+    reply_error(res, e);
+  };
+  if (draining) return fail_with({503, "server_error", "the server is shutting down", ""});
+  ResponsesParse pr = parse_responses_request(body, defaults);
+  if (pr.error) return fail_with(*pr.error);
+  // The shared checks word their errors for chat ("messages", "max_tokens"): say them our way.
+  auto sub = submit(pr.request->chat, id, [&](const ApiError& e) { fail_with(responses_error(e)); });
+  if (!sub) return;
+  const bool stream = pr.request->chat.stream;
+  relay_one<ResponsesRequest, ResponsesResponder>(req, res, std::move(*pr.request), stream, std::move(sub->jobs[0]),
+                                                  {id, unix_now(), opt.model_name}, arrived);
+}
+
+std::optional<HttpServer::Impl::Submitted> HttpServer::Impl::submit(
+    ApiRequest& r, const std::string& id, const std::function<void(const ApiError&)>& fail_with) {
+  const auto fail_with_none = [&](const ApiError& e) -> std::optional<Submitted> {
+    fail_with(e);
+    return std::nullopt;
+  };
+  if (!r.unknown_fields.empty()) {
+    const std::string names = fmt::format("'{}'", fmt::join(r.unknown_fields, "', '"));
+    if (opt.strict_requests)
+      return fail_with_none({400, "invalid_request_error",
+                        fmt::format("unknown request field(s) {} (the server runs with --strict-requests)", names),
+                        r.unknown_fields[0]});
+    spdlog::warn("{}: the request has fields this server ignores: {}", id, names);
+  }
+  if (!r.model.empty() && r.model != opt.model_name)
+    return fail_with_none({404, "NotFoundError", fmt::format("The model '{}' does not exist (this server serves '{}')",
+                                                         r.model, opt.model_name), "model"});
+  PromptsResult pp = build_prompts(r, tok, opt.ctx, defaults);
+  if (pp.error) return fail_with_none(*pp.error);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> budgets;
+  std::vector<std::string> echo;
+  for (Prompt& p : pp.prompts) {
+    for (int32_t t : p.tokens)
+      if (opt.vocab > 0 && t >= opt.vocab)
+        return fail_with_none({400, "invalid_request_error",
+                          fmt::format("token id {} is outside the model's vocabulary of {}", t, opt.vocab), "prompt"});
+    // echo returns the prompt as text: a token prompt's text is its decoding.
+    if (r.echo) {
+      const PromptInput& in = r.prompts[prompts.size()];
+      echo.push_back(in.text ? *in.text : utf8_sanitize(tok.decode(p.tokens)));
+    }
+    prompts.push_back(std::move(p.tokens));
+    budgets.push_back(p.max_tokens);
+  }
+  for (const auto& [t, bias] : r.sampling.logit_bias)
+    if (opt.vocab > 0 && t >= opt.vocab)
+      return fail_with_none({400, "invalid_request_error",
+                        fmt::format("'logit_bias' token id {} is outside the model's vocabulary of {}", t, opt.vocab),
+                        "logit_bias"});
+
+  JobSpec spec;
+  spec.id = id;
+  spec.sampling = r.sampling;
+  spec.stop = r.stop;
+  spec.ignore_eos = r.ignore_eos;
+  spec.stop_token_ids = r.stop_token_ids;
+  spec.min_tokens = r.min_tokens;
+  spec.logprobs = r.logprobs;
+  std::vector<std::shared_ptr<Job>> jobs = make_jobs(r, spec, prompts, budgets, [this] { return random64(); });
+
+  ++inflight;
+  engine.submit(jobs);
+  return Submitted{std::move(jobs), std::move(echo)};
+}
+
+template <typename Q, typename R>
+void HttpServer::Impl::relay_one(const httplib::Request& req, httplib::Response& res, Q q, bool stream,
+                             std::shared_ptr<Job> job, ResponseMeta meta, std::chrono::steady_clock::time_point arrived) {
+  const std::string& id = meta.id;
+  if (!stream) {
+    R resp(q, meta, tok);
+    const int sock = find_socket(req);
+    double ttft = -1;
+    while (!resp.done()) {
+      for (const JobEvent& e : job->pop(200)) {
+        if (ttft < 0 && e.kind == JobEvent::Token) ttft = seconds_since(arrived);
+        resp.consume(e);
+      }
+      if (!job->cancelled && peer_closed(sock)) job->cancelled = true;  // the client left: free the slot
+    }
+    --inflight;
+    log_access(id, resp.failed() ? 500 : 200, resp, ttft);
+    if (resp.failed()) return reply_error(res, {500, "server_error", resp.error(), ""});
+    res.status = 200;
+    res.set_content(resp.body(), "application/json");
+    return;
+  }
+  auto st = std::make_shared<OneStreamState<Q, R>>(std::move(q), meta, tok, job);
+  st->arrived = arrived;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [st](size_t, httplib::DataSink& sink) {
+        std::string out;
+        if (!st->started) {
+          out = st->responder.stream_start();
+          st->started = true;
+        }
+        for (const JobEvent& e : st->job->pop(out.empty() ? 200 : 0)) {
+          if (st->ttft < 0 && e.kind == JobEvent::Token) st->ttft = seconds_since(st->arrived);
+          out += st->responder.stream(e);
+        }
+        const auto now = std::chrono::steady_clock::now();
+        // An SSE comment now and then lets a write notice a client that left while queued.
+        if (out.empty() && now - st->last_write > std::chrono::milliseconds(500)) out = ": keep-alive\n\n";
+        if (!out.empty()) {
+          st->last_write = now;
+          if (!sink.write(out.data(), out.size())) {
+            st->job->cancelled = true;
+            return false;
+          }
+        }
+        if (st->responder.done()) sink.done();
+        return true;
+      },
+      [st, this](bool) {
+        if (!st->responder.done()) st->job->cancelled = true;
+        --inflight;
+        // A stream's status is 200 once headers went out; a client that left shows as "cancelled".
+        log_access(st->job->spec.id, 200, st->responder, st->ttft);
       });
 }
 
@@ -402,6 +527,9 @@ void HttpServer::Impl::routes() {
   });
   post("/v1/chat/completions", [this](const httplib::Request& q, const std::string& b, httplib::Response& s) {
     generate(q, b, s, Endpoint::Chat);
+  });
+  post("/v1/responses", [this](const httplib::Request& q, const std::string& b, httplib::Response& s) {
+    responses(q, b, s);
   });
   post("/tokenize", [this](const httplib::Request&, const std::string& b, httplib::Response& s) { tokenize(b, s); });
   post("/detokenize", [this](const httplib::Request&, const std::string& b, httplib::Response& s) {

@@ -2,7 +2,8 @@
 // draining. Handlers only parse and validate (serve/request.h), submit a Job to the Engine and
 // relay its events (serve/openai.h); they never touch model state. Endpoints:
 //   GET /health  GET /version  GET /v1/models  GET /v1/models/{id}  GET /metrics
-//   POST /v1/completions  POST /v1/chat/completions  POST /tokenize  POST /detokenize
+//   POST /v1/completions  POST /v1/chat/completions  POST /v1/responses (serve/responses.h)
+//   POST /tokenize  POST /detokenize
 //   OPTIONS * (CORS preflight; answered without auth, as browsers send it without credentials)
 // With an API key, /v1/*, /tokenize and /detokenize need "Authorization: Bearer KEY".
 // With --allowed-origins, responses to a listed Origin carry CORS headers (none by default).
