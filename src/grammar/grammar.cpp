@@ -66,6 +66,7 @@ const char* kind_name(GrammarKind k) {
     case GrammarKind::Regex: return "regex";
     case GrammarKind::Ebnf: return "grammar";
     case GrammarKind::Choice: return "choice";
+    case GrammarKind::StructuralTag: return "structural tag";
   }
   return "?";
 }
@@ -219,6 +220,9 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
         g.emplace(xc.CompileGrammar(ebnf, "root"));
         break;
       }
+      case GrammarKind::StructuralTag:
+        g.emplace(xc.CompileStructuralTag(spec.text));
+        break;
     }
   } catch (const Error&) {
     throw;
@@ -227,7 +231,10 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
     while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
     fail("{}: cannot compile the {}: {}", where, kind_name(spec.kind), msg);
   }
-  const bool json = spec.kind == GrammarKind::JsonObject || spec.kind == GrammarKind::JsonSchema;
+  // Structural tags (tool calls) hold JSON arguments too; their literal parts need no control byte
+  // but newline.
+  const bool json = spec.kind == GrammarKind::JsonObject || spec.kind == GrammarKind::JsonSchema ||
+                    spec.kind == GrammarKind::StructuralTag;
   auto cg = std::make_shared<const CompiledGrammar>(std::move(*g), json);
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->cache.emplace(key, cg).first->second;

@@ -30,6 +30,7 @@
 
 #include "seam/backend.h"
 #include "runtime/engine_metrics.h"
+#include "runtime/token_constraint.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -73,6 +74,9 @@ struct JobSpec {
   // character as U+FFFD, a possible stop-string start): the CLI's chat keeps an answer stopped with
   // Ctrl-C, to the last byte, in its history. A server's client is gone when its job is cancelled.
   bool release_held_on_cancel = false;
+  // Structured output (runtime/grammar_gate.h's JobGrammar): tokens outside the grammar are never
+  // sampled; the job ends "stop" once the grammar is complete and an EOS id is sampled. Null: free.
+  std::shared_ptr<const TokenConstraintFactory> constraint;
 };
 
 // One request as the engine sees it. The HTTP thread keeps a shared_ptr, sets `cancelled` when

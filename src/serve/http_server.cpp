@@ -26,6 +26,7 @@
 #include "common/error.h"
 #include "serve/http_policy.h"
 #include "serve/openai.h"
+#include "serve/structured.h"
 #include "tokenizer/tokenizer.h"
 
 namespace cm::serve {
@@ -229,8 +230,13 @@ void HttpServer::Impl::generate(const httplib::Request& req, const std::string& 
       return fail_with({400, "invalid_request_error",
                         fmt::format("token id {} is outside the model's vocabulary of {}", t, opt.vocab), "prompt"});
 
+  // Compiled here, so a schema XGrammar refuses is a 400 before anything runs.
+  ConstraintResult constraint = request_constraint(r, opt.grammar, tok);
+  if (constraint.error) return fail_with(*constraint.error);
+
   JobSpec spec;
   spec.id = id;
+  spec.constraint = std::move(constraint.constraint);
   spec.prompt = std::move(pp.prompt->tokens);
   spec.max_tokens = pp.prompt->max_tokens;
   spec.sampling = r.sampling;
