@@ -192,7 +192,11 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
     auto& xc = *impl_->xc;
     switch (spec.kind) {
       case GrammarKind::JsonObject:
-        g.emplace(xc.CompileBuiltinJSONGrammar());
+        // OpenAI's json_object mode promises an object (the builtin JSON grammar also allows an
+        // array or a scalar) and, like the schemas below, no free whitespace: a generation cannot
+        // wander in blank lines and run out of tokens before the object closes.
+        g.emplace(xc.CompileJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false, std::nullopt, std::nullopt,
+                                       /*strict_mode=*/false));
         break;
       case GrammarKind::JsonSchema: {
         auto parsed = nlohmann::json::parse(spec.text, nullptr, false);
