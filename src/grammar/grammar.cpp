@@ -233,6 +233,13 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
   } catch (const std::exception& e) {
     std::string msg = e.what();
     while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+    // XGrammar's log prefix ("[08:20:47] ../cpp/json_schema_converter.cc:5082: ") means nothing
+    // to a client.
+    if (!msg.empty() && msg[0] == '[') {
+      const size_t t = msg.find("] ");
+      const size_t colon = t == std::string::npos ? t : msg.find(": ", t + 2);
+      if (colon != std::string::npos) msg.erase(0, colon + 2);
+    }
     fail("{}: cannot compile the {}: {}", where, kind_name(spec.kind), msg);
   }
   // Structural tags (tool calls) hold JSON arguments too; their literal parts need no control byte
