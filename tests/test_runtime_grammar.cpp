@@ -37,7 +37,7 @@ struct Fixture {
   Fixture() {
     EngineOptions o;
     o.max_seqs = 2;
-    o.ctx = 2048;
+    o.ctx = 512;
     o.eos_ids = {tok.eos_id()};
     engine = std::make_unique<Engine>(*be, &tok, m->config.vocab_size, o, nullptr);
   }
