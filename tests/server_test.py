@@ -967,3 +967,187 @@ def test_responses_abandoned_stream_frees_its_slot(srv):
     assert srv.metric("num_requests_running") == 0
     _, text = srv.raw("GET", "/metrics")
     assert float(re.search(r'finished_reason="cancelled"\} (\S+)', text.decode()).group(1)) >= before + 1
+
+# ---- Structured output (docs/structured-output.md): every sampled output must conform, even from
+# the default model, which is random and writes gibberish on its own.
+
+import concurrent.futures
+import enum
+import typing
+
+import pydantic
+
+
+class Color(str, enum.Enum):
+    red = "red"
+    green = "green"
+    blue = "blue"
+
+
+class Inner(pydantic.BaseModel):
+    ok: bool
+    n: int = pydantic.Field(ge=-5, le=5)
+
+
+class Answer(pydantic.BaseModel):
+    # Bounded strings and arrays: a random model rarely closes a string on its own, so the schema
+    # bounds what the grammar lets it write (an unbounded one may end "length", see the docs).
+    name: str = pydantic.Field(max_length=8)
+    color: Color
+    tags: typing.List[typing.Annotated[int, pydantic.Field(ge=0, le=99)]] = pydantic.Field(max_length=3)
+    inner: Inner
+
+
+def _parse_one(srv, seed):
+    return srv.client().chat.completions.parse(
+        model="default", messages=[{"role": "user", "content": "Describe a thing."}], response_format=Answer,
+        max_tokens=300, temperature=1.0, seed=seed)
+
+
+def test_structured_pydantic_parse_20_seeds(srv):
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda s: _parse_one(srv, s), range(20)))
+    texts = set()
+    for r in results:
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop", choice
+        a = choice.message.parsed
+        assert isinstance(a, Answer)
+        assert len(a.name) <= 8 and len(a.tags) <= 3 and all(0 <= t <= 99 for t in a.tags)
+        assert -5 <= a.inner.n <= 5
+        # The text itself is the JSON (no markup), and validates on its own.
+        assert Answer.model_validate_json(choice.message.content) == a
+        texts.add(choice.message.content)
+    assert len(texts) > 10  # seeds differ, so the outputs do
+
+
+def test_structured_json_object_and_completions(srv):
+    c = srv.client()
+    stopped = 0
+    for seed in range(6):
+        r = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "JSON please"}],
+                                      response_format={"type": "json_object"}, max_tokens=200, temperature=1.0,
+                                      seed=seed)
+        text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+        assert text.startswith("{")
+        if finish == "stop":
+            assert isinstance(json.loads(text), dict)
+            stopped += 1
+        else:
+            # Any object is unbounded: a string may run to max_tokens, cut short (as with OpenAI).
+            assert finish == "length"
+    assert stopped >= 1
+    # /v1/completions takes the same fields (llama.cpp's json_schema here).
+    schema = {"type": "object", "properties": {"k": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["k"]}
+    for seed in range(3):
+        r = c.completions.create(model="default", prompt=PROMPT, max_tokens=50, temperature=1.0, seed=seed,
+                                 extra_body={"json_schema": schema})
+        assert r.choices[0].finish_reason == "stop"
+        assert 0 <= json.loads(r.choices[0].text)["k"] <= 9
+
+
+def test_structured_vllm_guided_regex_and_choice(srv):
+    c = srv.client()
+    for seed in range(5):
+        r = c.completions.create(model="default", prompt=PROMPT, max_tokens=50, temperature=1.0, seed=seed,
+                                 extra_body={"guided_regex": "[a-c]{3}-[0-9]{2,4}"})
+        assert re.fullmatch("[a-c]{3}-[0-9]{2,4}", r.choices[0].text) and r.choices[0].finish_reason == "stop"
+        r = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "pick"}], max_tokens=20,
+                                      temperature=1.0, seed=seed,
+                                      extra_body={"guided_choice": ["yes", "no", "maybe not"]})
+        assert r.choices[0].message.content in ("yes", "no", "maybe not")
+        r = c.completions.create(model="default", prompt=PROMPT, max_tokens=20, temperature=1.0, seed=seed,
+                                 extra_body={"structured_outputs": {"grammar": 'root ::= "x" [0-9] ("," [0-9])?'}})
+        assert re.fullmatch(r"x[0-9](,[0-9])?", r.choices[0].text)
+    # min_tokens does not fight the grammar: a complete "no" still ends, with "stop".
+    r = c.completions.create(model="default", prompt=PROMPT, max_tokens=20, temperature=1.0, seed=1,
+                             extra_body={"guided_choice": ["no"], "min_tokens": 10})
+    assert r.choices[0].text == "no" and r.choices[0].finish_reason == "stop"
+
+
+def test_structured_errors_name_the_field(srv):
+    c = srv.client()
+    msgs = [{"role": "user", "content": "x"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="default", messages=msgs, max_tokens=5, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}})
+    assert e.value.body["param"] == "response_format" and "frobnicate" in e.value.body["message"]
+    assert "response_format.json_schema.schema" in e.value.body["message"]
+    def err(path, body):
+        st, data = srv.raw("POST", path, json.dumps(body))
+        assert st == 400, (body, data)
+        return json.loads(data)["error"]
+    assert err("/v1/completions", {"prompt": "x", "guided_regex": "[a-"})["param"] == "guided_regex"
+    assert err("/v1/completions", {"prompt": "x", "guided_choice": "yes"})["param"] == "guided_choice"
+    e2 = err("/v1/completions", {"prompt": "x", "guided_regex": "a", "guided_choice": ["a"]})
+    assert "guided_choice" in e2["message"] and "guided_regex" in e2["message"]
+    assert err("/v1/chat/completions", {"messages": msgs, "grammar": "root ::= nothing"})["param"] == "grammar"
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert err("/v1/chat/completions", {"messages": msgs, "tools": tools, "tool_choice": {
+        "type": "function", "function": {"name": "g"}}})["param"] == "tool_choice"
+    assert err("/v1/chat/completions", {"messages": msgs, "tool_choice": "required"})["param"] == "tool_choice"
+    assert err("/v1/chat/completions", {"messages": msgs, "tools": tools, "tool_choice": "required",
+                                        "guided_regex": "a"})["param"] == "tool_choice"
+    # These fields are read now: not logged as unknown.
+    n_before = sum("fields this server ignores" in l for l in srv.lines)
+    c.completions.create(model="default", prompt="x", max_tokens=3, extra_body={"guided_choice": ["a"]})
+    time.sleep(0.2)
+    assert sum("fields this server ignores" in l for l in srv.lines) == n_before
+    assert srv.raw("GET", "/health")[0] == 200
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string", "maxLength": 5},
+                                         "exact": {"type": "boolean"}}, "required": ["tz"]}}},
+]
+
+
+def _check_call(call):
+    args = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert args["city"] in ("Paris", "Tokyo") and 1 <= args["days"] <= 7 and set(args) == {"city", "days"}
+    else:
+        assert call.function.name == "get_time" and len(args["tz"]) <= 5 and set(args) <= {"tz", "exact"}
+
+
+@pytest.fixture(scope="module")
+def srv_long():
+    # The tools block makes a long prompt, and the default model's vocabulary has the DSML markers
+    # only as special tokens, which the grammar spells byte by byte (about 100 tokens a call);
+    # "required" may call several times before it closes the block.
+    s = Server("--max-seqs", "4", "--ctx", "4096")
+    yield s
+    s.stop()
+
+
+def test_structured_tool_choice_required_and_named(srv_long):
+    c = srv_long.client()
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for seed in range(4):
+        r = c.chat.completions.create(model="default", messages=msgs, tools=TOOLS, tool_choice="required",
+                                      max_tokens=2000, temperature=1.0, seed=seed)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls" and ch.message.tool_calls and not ch.message.content, ch
+        for call in ch.message.tool_calls:
+            _check_call(call)
+        r = c.chat.completions.create(model="default", messages=msgs, tools=TOOLS, max_tokens=400, temperature=1.0,
+                                      seed=seed, tool_choice={"type": "function", "function": {"name": "get_time"}})
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1
+        assert ch.message.tool_calls[0].function.name == "get_time"
+        _check_call(ch.message.tool_calls[0])
+    # Streamed, the call arrives as a tool_calls delta.
+    calls, finish = [], None
+    for chunk in c.chat.completions.create(model="default", messages=msgs, tools=TOOLS, max_tokens=400, seed=9,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                           stream=True):
+        for ch in chunk.choices:
+            calls += ch.delta.tool_calls or []
+            finish = ch.finish_reason or finish
+    assert finish == "tool_calls" and [x.function.name for x in calls] == ["get_weather"]
+    _check_call(calls[0])

@@ -43,11 +43,11 @@ compile() {  # compile SRC OBJ
   esac
 }
 obj() { echo "$B/obj/$(echo "$1" | tr '/' '_').o"; }
-# Every room of src/ but the CLI, the HTTP server and grammar/ (both backends behind the seam, the
+# Every room of src/ but the CLI, the HTTP server, grammar/ and runtime/grammar_gate.cpp (both backends behind the seam, the
 # CUDA kernels in their family folders, the runtime), and the benchmarks of bench/. grammar/ needs
 # XGrammar (scripts/deps_xgrammar.sh) and the server's log setup needs spdlog; the device has
 # neither, and no room this build compiles includes them.
-CORE=($(find src -path src/cli -prune -o -path src/serve -prune -o -path src/grammar -prune \
+CORE=($(find src -path src/cli -prune -o -path src/serve -prune -o -path src/grammar -prune -o -path src/runtime/grammar_gate.cpp -prune \
              -o -path src/common/log.cpp -prune -o \( -name '*.cpp' -o -name '*.cu' \) -print | sort)
       $(find bench \( -name '*.cpp' -o -name '*.cu' \) -print | sort))
 TESTS=(tests/gpu/*.cpp "$TP/googletest/src/gtest-all.cc" "$TP/googletest/src/gtest_main.cc")

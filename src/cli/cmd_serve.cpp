@@ -20,6 +20,7 @@
 #include "cli/version.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "grammar/grammar.h"
 #include "sampling/generation_config.h"
 #include "seam/backend.h"
 #include "seam/observer.h"
@@ -104,6 +105,9 @@ int run(Opts& o) {
   eo.ctx = o.ctx;
   eo.eos_ids = cm::runtime::end_of_sequence_ids(c, &tok, cm::load_generation_config(o.eng.model));
 
+  // One grammar compiler per server (structured output): the tokenizer's bytes padded to the logits
+  // width, and the EOS set as the ids that may end a complete match.
+  o.http.grammar = std::make_shared<cm::GrammarCompiler>(tok, c.vocab_size, eo.eos_ids);
   cm::serve::Metrics metrics(o.http.model_name);
   cm::runtime::Engine engine(*backend, &tok, c.vocab_size, eo, &metrics);
   cm::serve::HttpServer http(engine, tok, metrics, request_defaults(o.eng.model), o.http);

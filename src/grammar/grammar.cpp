@@ -66,6 +66,7 @@ const char* kind_name(GrammarKind k) {
     case GrammarKind::Regex: return "regex";
     case GrammarKind::Ebnf: return "grammar";
     case GrammarKind::Choice: return "choice";
+    case GrammarKind::StructuralTag: return "structural tag";
   }
   return "?";
 }
@@ -191,7 +192,11 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
     auto& xc = *impl_->xc;
     switch (spec.kind) {
       case GrammarKind::JsonObject:
-        g.emplace(xc.CompileBuiltinJSONGrammar());
+        // OpenAI's json_object mode promises an object (the builtin JSON grammar also allows an
+        // array or a scalar) and, like the schemas below, no free whitespace: a generation cannot
+        // wander in blank lines and run out of tokens before the object closes.
+        g.emplace(xc.CompileJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false, std::nullopt, std::nullopt,
+                                       /*strict_mode=*/false));
         break;
       case GrammarKind::JsonSchema: {
         auto parsed = nlohmann::json::parse(spec.text, nullptr, false);
@@ -219,15 +224,28 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
         g.emplace(xc.CompileGrammar(ebnf, "root"));
         break;
       }
+      case GrammarKind::StructuralTag:
+        g.emplace(xc.CompileStructuralTag(spec.text));
+        break;
     }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
     std::string msg = e.what();
     while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+    // XGrammar's log prefix ("[08:20:47] ../cpp/json_schema_converter.cc:5082: ") means nothing
+    // to a client.
+    if (!msg.empty() && msg[0] == '[') {
+      const size_t t = msg.find("] ");
+      const size_t colon = t == std::string::npos ? t : msg.find(": ", t + 2);
+      if (colon != std::string::npos) msg.erase(0, colon + 2);
+    }
     fail("{}: cannot compile the {}: {}", where, kind_name(spec.kind), msg);
   }
-  const bool json = spec.kind == GrammarKind::JsonObject || spec.kind == GrammarKind::JsonSchema;
+  // Structural tags (tool calls) hold JSON arguments too; their literal parts need no control byte
+  // but newline.
+  const bool json = spec.kind == GrammarKind::JsonObject || spec.kind == GrammarKind::JsonSchema ||
+                    spec.kind == GrammarKind::StructuralTag;
   auto cg = std::make_shared<const CompiledGrammar>(std::move(*g), json);
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->cache.emplace(key, cg).first->second;

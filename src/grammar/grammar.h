@@ -20,7 +20,10 @@ namespace cm {
 
 class Tokenizer;
 
-enum class GrammarKind { JsonObject, JsonSchema, Regex, Ebnf, Choice };
+// StructuralTag: XGrammar's structural-tag JSON ({"type": "structural_tag", "format": {...}}),
+// which the server builds for tool calls (tags around JSON-schema arguments in a model's own
+// syntax, e.g. DeepSeek-V4's DSML); never read from a request.
+enum class GrammarKind { JsonObject, JsonSchema, Regex, Ebnf, Choice, StructuralTag };
 
 // What a request asks its output to match. `text` is the schema (JSON text), the regex or the
 // EBNF source (root rule `root`); `choices` the allowed strings of a Choice. `source` names the

@@ -53,6 +53,7 @@ struct Engine::Seq {
   std::vector<TokenOut> prompt_lp; // prompt_logprobs: prompt tokens 1.. so far
   Sampler sampler;
   StopRule rule;
+  std::unique_ptr<TokenConstraint> constraint;  // structured output (null: none)
   Clock::time_point arrival, first_token, last_token;
   Seq(std::shared_ptr<Job> j, const Tokenizer* tok, const EngineOptions& opt)
       : job(std::move(j)), sampler(job->spec.sampling), rule(stop_params(job->spec, opt), tok,
@@ -255,6 +256,14 @@ void Engine::admit() {
     seq->hold_last = seq->job->spec.forks > 0 && reused < int64_t(prompt.size()) - 1;
     if (seq->job->spec.prompt_logprobs && logits_.size() < size_t(opt_.max_seqs + kPromptRows) * size_t(vocab_))
       logits_.resize(size_t(opt_.max_seqs + kPromptRows) * size_t(vocab_));
+    std::string bad_constraint;
+    if (seq->job->spec.constraint) {
+      try {
+        seq->constraint = seq->job->spec.constraint->make(vocab_, opt_.eos_ids);
+      } catch (const std::exception& e) {
+        bad_constraint = e.what();
+      }
+    }
     slots_[size_t(slot)].busy = true;
     slots_[size_t(slot)].last_used = ++clock_;
     if (metrics_) {
@@ -262,6 +271,7 @@ void Engine::admit() {
       metrics_->add_prompt_tokens(int64_t(seq->hist.size()));
     }
     running_.push_back(std::move(seq));
+    if (!bad_constraint.empty()) finish(*running_.back(), "error", false, bad_constraint);
   }
 }
 
@@ -389,7 +399,9 @@ void Engine::on_logits(Seq& s, const float* row) {
   const auto now = Clock::now();
   int32_t id;
   try {
-    id = s.sampler.sample(row, vocab_, s.hist, s.rule.banned());
+    TokenConstraint::Constrained c{row, &s.rule.banned()};
+    if (s.constraint) c = s.constraint->constrain(row, s.rule.banned());
+    id = s.sampler.sample(c.row, vocab_, s.hist, *c.banned);
   } catch (const std::exception& e) {
     finish(s, "error", false, e.what());
     return;
@@ -416,6 +428,16 @@ void Engine::on_logits(Seq& s, const float* row) {
     ev.prompt_logprobs.push_back(first);
     for (TokenOut& p : s.prompt_lp) ev.prompt_logprobs.push_back(std::move(p));
     s.prompt_lp.clear();
+  }
+  if (s.constraint) {
+    const TokenConstraint::Step st = s.constraint->accept(id);
+    if (st == TokenConstraint::Step::Rejected) return finish(s, "error", false, "engine: the grammar rejected a sampled token");
+    if (st == TokenConstraint::Step::Terminated) {
+      // The grammar is complete and an end id was sampled: the job ends as on EOS (the id is not
+      // text), whatever min_tokens or ignore_eos say (nothing else could follow).
+      s.job->push(std::move(ev));
+      return finish(s, "stop", true);
+    }
   }
   StopVerdict v = s.rule.on_token(id);
   ev.text = std::move(v.text);

@@ -39,6 +39,7 @@
 
 #include "seam/backend.h"
 #include "runtime/engine_metrics.h"
+#include "runtime/token_constraint.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -92,6 +93,9 @@ struct JobSpec {
   int forks = 0;
   std::shared_ptr<Job> fork_of;
   bool prompt_logprobs = false;    // logprobs (with `logprobs` alternatives) of every prompt token
+  // Structured output (runtime/grammar_gate.h's JobGrammar): tokens outside the grammar are never
+  // sampled; the job ends "stop" once the grammar is complete and an EOS id is sampled. Null: free.
+  std::shared_ptr<const TokenConstraintFactory> constraint;
 };
 
 // One request as the engine sees it. The HTTP thread keeps a shared_ptr, sets `cancelled` when

@@ -29,6 +29,7 @@
 #include "serve/http_policy.h"
 #include "serve/openai.h"
 #include "serve/responses.h"
+#include "serve/structured.h"
 #include "tokenizer/tokenizer.h"
 
 namespace cm::serve {
@@ -355,8 +356,13 @@ std::optional<HttpServer::Impl::Submitted> HttpServer::Impl::submit(
                         fmt::format("'logit_bias' token id {} is outside the model's vocabulary of {}", t, opt.vocab),
                         "logit_bias"});
 
+  // Compiled here, so a schema XGrammar refuses is a 400 before anything runs.
+  ConstraintResult constraint = request_constraint(r, opt.grammar, tok);
+  if (constraint.error) return fail_with_none(*constraint.error);
+
   JobSpec spec;
   spec.id = id;
+  spec.constraint = std::move(constraint.constraint);
   spec.sampling = r.sampling;
   spec.stop = r.stop;
   spec.ignore_eos = r.ignore_eos;

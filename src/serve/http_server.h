@@ -35,6 +35,9 @@ struct HttpOptions {
   std::string allowed_origins;     // --allowed-origins: "" = no CORS, "*", or a comma list
   bool strict_requests = false;    // --strict-requests: unknown request fields are a 400
   std::string version, commit;     // what GET /version answers (the binary's build)
+  // Structured output (response_format, guided_*, tool_choice required/named); null: a request
+  // asking for it gets a 400.
+  std::shared_ptr<GrammarCompiler> grammar;
 };
 
 class HttpServer {

@@ -240,11 +240,22 @@ void parse_chat(const Json& j, ApiRequest& r) {
   }
   r.messages = j["messages"];
   std::string tool_choice = "auto";
+  const char* tc_shape =
+      "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}";
   if (has(j, "tool_choice")) {
-    if (!j["tool_choice"].is_string()) bad("tool_choice", "'tool_choice' must be \"auto\", \"none\" or \"required\"");
-    tool_choice = j["tool_choice"].get<std::string>();
-    if (tool_choice != "auto" && tool_choice != "none" && tool_choice != "required")
-      bad("tool_choice", "'tool_choice' must be \"auto\", \"none\" or \"required\"");
+    const Json& tc = j["tool_choice"];
+    if (tc.is_object()) {
+      // The named form: the answer must call this function (constrained by serve/structured.h).
+      if (tc.value("type", "") != "function" || !tc.contains("function") || !tc["function"].is_object() ||
+          !tc["function"].contains("name") || !tc["function"]["name"].is_string())
+        bad("tool_choice", tc_shape);
+      tool_choice = "function";
+      r.tool_name = tc["function"]["name"].get<std::string>();
+    } else {
+      if (!tc.is_string()) bad("tool_choice", tc_shape);
+      tool_choice = tc.get<std::string>();
+      if (tool_choice != "auto" && tool_choice != "none" && tool_choice != "required") bad("tool_choice", tc_shape);
+    }
   }
   if (has(j, "tools")) {
     const Json& t = j["tools"];
@@ -255,6 +266,15 @@ void parse_chat(const Json& j, ApiRequest& r) {
         bad("tools", "every tool must be {\"type\": \"function\", \"function\": {\"name\": ..., ...}}");
     if (!t.empty() && tool_choice != "none") r.tools = t;
   }
+  if (tool_choice == "required" || tool_choice == "function") {
+    if (r.tools.is_null()) bad("tool_choice", fmt::format("tool_choice \"{}\" needs a non-empty 'tools'", tool_choice == "function" ? r.tool_name : tool_choice));
+    if (tool_choice == "function") {
+      bool listed = false;
+      for (const Json& f : r.tools) listed |= f["function"]["name"] == r.tool_name;
+      if (!listed) bad("tool_choice", fmt::format("tool_choice names '{}', which is not in 'tools'", r.tool_name));
+    }
+  }
+  r.tool_choice = tool_choice;
   if (has(j, "response_format")) {
     const Json& f = j["response_format"];
     if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
@@ -282,6 +302,21 @@ void parse_chat(const Json& j, ApiRequest& r) {
     if (r.logprobs < 0) bad("top_logprobs", "'top_logprobs' needs logprobs: true");
     r.logprobs = n;
   }
+}
+
+// The structured output a request asks for (grammar/grammar.h reads OpenAI's, vLLM's and
+// llama.cpp's fields); its errors name the field first ("guided_regex: must be a string"), which
+// becomes the error's param. A tool_choice that forces a tool call is a grammar of its own, so it
+// cannot be combined with another.
+void parse_format(const Json& j, ApiRequest& r) {
+  try {
+    r.format = parse_request_format(nlohmann::json::parse(j.dump()));
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    bad(msg.substr(0, msg.find_first_of(": ")), msg);
+  }
+  if (r.format && (r.tool_choice == "required" || r.tool_choice == "function"))
+    bad("tool_choice", fmt::format("tool_choice forces a tool call, which cannot be combined with {}", r.format->source));
 }
 
 // Runs one parse into a fresh result: a Bad becomes its own error, any other exception a 400
@@ -318,7 +353,10 @@ bool known_field(const std::string& k, Endpoint ep) {
   static const std::set<std::string> common = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
       "repetition_penalty", "seed", "stop", "n", "best_of", "stream", "stream_options", "ignore_eos", "user",
-      "logit_bias", "stop_token_ids", "min_tokens"};
+      "logit_bias", "stop_token_ids", "min_tokens",
+      // structured output (parse_format)
+      "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+      "json_schema", "grammar"};
   static const std::set<std::string> completions = {"prompt", "logprobs", "echo", "suffix"};
   static const std::set<std::string> chat = {"messages",         "max_completion_tokens", "tools",
                                              "tool_choice",      "response_format",       "chat_template_kwargs",
@@ -337,6 +375,7 @@ ParseResult parse_request(std::string_view body, Endpoint ep, const RequestDefau
     parse_common(j, defaults, r);
     if (ep == Endpoint::Chat) parse_chat(j, r);
     else parse_completions(j, r);
+    parse_format(j, r);
     out.request = std::move(r);
   });
 }

@@ -16,9 +16,14 @@
 //   /v1/completions: prompt (string, [strings], [token ids] or [[token ids]]: each prompt its own
 //          n choices, prompt-major), logprobs (int 0..20), echo
 //   /v1/chat/completions: messages (DeepSeek-V4 chat encoding), tools, tool_choice
-//          ("auto"|"none"|"required"), logprobs (bool), top_logprobs (0..20),
+//          logprobs (bool), top_logprobs (0..20),
+//          ("auto"|"none"|"required"|{"type": "function", "function": {"name"}}),
 //          chat_template_kwargs {"thinking": bool}, reasoning_effort (low|medium|high|max; turns
-//          thinking on unless chat_template_kwargs.thinking is false), response_format
+//          thinking on unless chat_template_kwargs.thinking is false), response_format (also
+//          rendered into the system message)
+//   structured output (both; grammar/grammar.h parse_request_format): response_format,
+//          structured_outputs, guided_json / guided_regex / guided_choice / guided_grammar,
+//          json_schema, grammar -> ApiRequest::format (compiled later by serve/structured.h)
 // Sampling fields that are absent take the model's generation_config.json values, then OpenAI's
 // defaults (temperature 1).
 #pragma once
@@ -31,6 +36,7 @@
 #include <vector>
 
 #include "chat/dsv4.h"
+#include "grammar/grammar.h"
 #include "sampling/sampler.h"
 
 namespace cm {
@@ -76,6 +82,9 @@ struct ApiRequest {
   nlohmann::ordered_json response_format;
   chat::Mode mode = chat::Mode::Chat;
   std::string reasoning_effort;     // "", "high" or "max" (DeepSeek-V4's two levels)
+  std::string tool_choice = "auto"; // "auto", "none", "required" or "function" (the named form)
+  std::string tool_name;            // tool_choice "function": the function it names
+  std::optional<GrammarSpec> format;  // the structured output asked for, if any
 
   std::optional<int64_t> max_tokens;
   SamplingParams sampling;
