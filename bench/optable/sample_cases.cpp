@@ -64,7 +64,8 @@ SampleInputs make_inputs(uint64_t seed, int64_t rows, int64_t vocab) {
     l[a] = 12.0f;
     l[b] = 12.0f;
     // adjustments: a few biased and seen ids (distinct)
-    const int n_adj = kind == 5 || kind == 7 ? 40 : kind == 1 ? 3 : 0;
+    // distinct ids: never more than half the vocabulary
+    const int n_adj = int(std::min<int64_t>(kind == 5 || kind == 7 ? 40 : kind == 1 ? 3 : 0, vocab / 2));
     std::vector<int32_t> ids;
     for (int j = 0; j < n_adj; ++j) {
       int32_t id;
