@@ -233,9 +233,26 @@ struct Bench {
     tok.resize(size_t(B)), pos.resize(size_t(B)), slot.resize(size_t(B)), want.assign(size_t(B), 1);
     for (int64_t i = 0; i < B; ++i)
       tok[size_t(i)] = random_token(), slot[size_t(i)] = int32_t(i), pos[size_t(i)] = int32_t(be.slot_pos(int32_t(i)));
+    if (o.sample_on_device) {
+      be.step(Batch{int32_t(B), tok.data(), pos.data(), slot.data(), want.data()}, nullptr);
+      params.resize(size_t(B));
+      sampled.resize(size_t(B));
+      sampled_lp.resize(size_t(B));
+      for (int64_t i = 0; i < B; ++i) {
+        SampleParams& p = params[size_t(i)];
+        p.temperature = 1.0f, p.top_p = 0.95f, p.seed = uint64_t(i), p.counter = uint64_t(be.slot_pos(int32_t(i)));
+      }
+      StepSampling s;
+      s.params = params.data(), s.token = sampled.data(), s.logprob = sampled_lp.data();
+      be.sample_last_step(s);
+      return;
+    }
     logits.resize(size_t(B * sd->model->config.vocab_size));
     be.step(Batch{int32_t(B), tok.data(), pos.data(), slot.data(), want.data()}, logits.data());
   }
+  std::vector<SampleParams> params;
+  std::vector<int32_t> sampled;
+  std::vector<float> sampled_lp;
 };
 
 // Expected distinct experts among B tokens each choosing K of E uniformly.
@@ -338,6 +355,7 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
   progress(strf("built %lld layers on the device in %.1f s", (long long)NL, seconds_since(bn.t0) - tb));
   out["layers"] = NL;
   out["batch_invariant"] = !o.fast_prefill;
+  out["sample_on_device"] = o.sample_on_device;
   if (o.fast_prefill) progress("--fast-prefill: steps over 256 rows run the quantized linears through cuBLAS");
   out["config"] = synthetic_config_json(shape);
   out["memory"] = {{"weights", sd->bytes}, {"dense_bytes_per_layer", sd->dense_layer_bytes}};
@@ -349,7 +367,8 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
                   "median wall"},
       {"decode", "B slots each holding `context` tokens (slot 0 filled by prefill steps of fill_chunk tokens, the "
                  "others copy_slot copies of it), then steps of one random token per slot; step_ms = median host "
-                 "wall time of a step (plan upload, every kernel, B x vocab fp32 logits copied to the host, one "
+                 "wall time of a step (plan upload, every kernel, B x vocab fp32 logits copied to the host — with "
+                 "--sample-on-device instead the sampling kernel and B x 12 bytes back —, one "
                  "sync) = the time per token of each sequence; gpu_ms = median CUDA-event span on the backend's "
                  "stream from the step's first op to the end of the LM head; tok_s = B / step_ms; steps of up to "
                  "256 rows replay the backend's CUDA graphs (the profiled top_ops steps run eagerly)"},

@@ -30,6 +30,7 @@ struct BenchOptions {
   int repeats = 7;
   bool no_pdl = false;
   bool fast_prefill = false;
+  bool sample_on_device = false;
   // bench model
   int64_t layers = 0;
   std::vector<int64_t> prefill{2048, 8192};
@@ -159,6 +160,7 @@ int run_bench_model(const BenchOptions& o) {
   mo.max_seconds = o.max_seconds;
   mo.json_file = o.json_file;
   mo.fast_prefill = o.fast_prefill;
+  mo.sample_on_device = o.sample_on_device;
   nlohmann::json r = cm::cuda::run_model_bench(mo);
   if (o.json) fmt::print("{}\n", r.dump(2));
   else print_model_table(r);
@@ -238,6 +240,9 @@ cm::cli::CommandRegistrar reg({"bench", "Benchmark the GPU kernels or a syntheti
                                  app.add_flag("--fast-prefill", o->fast_prefill,
                                               "model: prefill steps over 256 tokens run the quantized linears as "
                                               "BF16 cuBLAS GEMMs (not batch-invariant; as the engine's --fast-prefill)");
+                                 app.add_flag("--sample-on-device", o->sample_on_device,
+                                              "model: decode steps sample on the device (temperature 1, top-p 0.95) "
+                                              "instead of copying B x vocab logits to the host");
                                  return [o]() -> int { return run_bench(*o); };
                                }});
 
