@@ -41,16 +41,21 @@ float adjust(float l, const SampleAdjust& e, const SampleParams& p) {
 
 bool allowed(const uint32_t* mask, int64_t id) { return !mask || (mask[id >> 5] >> (id & 31)) & 1u; }
 
-// The largest t with sum(w >= t, w >= floor_t) >= target (the top-p threshold), by walking the
-// distinct weights in descending order.
-uint32_t mass_threshold(std::vector<uint32_t> w, uint32_t floor_t, uint64_t target) {
-  std::sort(w.begin(), w.end(), std::greater<uint32_t>());
-  uint64_t acc = 0;
-  for (size_t i = 0; i < w.size() && w[i] >= floor_t; ++i) {
-    acc += w[i];
-    if (acc >= target) return w[i];  // every w equal to w[i] is kept too: the sum only grows
+// Radix select over the weights w >= floor_w, as the GPU kernel does it (8 bits a round, most
+// significant first): by_mass = false gives the goal-th largest weight, by_mass = true the largest t
+// with sum(w >= t) >= goal. O(vocab) per round; integer sums, so the result is exact.
+uint32_t radix_select(const std::vector<uint32_t>& w, uint32_t floor_w, uint64_t goal, bool by_mass) {
+  uint32_t prefix = 0, pmask = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    uint64_t hist[256] = {};
+    for (uint32_t v : w)
+      if (v >= floor_w && (v & pmask) == prefix) hist[(v >> shift) & 255u] += by_mass ? v : 1;
+    int b = 255;
+    for (; b > 0 && hist[b] < goal; --b) goal -= hist[b];
+    prefix |= uint32_t(b) << shift;
+    pmask |= 255u << shift;
   }
-  return floor_t;
+  return prefix;
 }
 
 void sample_row(float* x, int64_t V, const SampleParams& p, SampleAdjust* adj, int64_t n_adj, const uint32_t* mask,
@@ -102,17 +107,13 @@ void sample_row(float* x, int64_t V, const SampleParams& p, SampleAdjust* adj, i
     for (int64_t i = 0; i < V; ++i)
       if (allowed(mask, i)) w[size_t(i)] = sm::weight(x[i], m, p.temperature);
     uint32_t thr = 1;
-    if (p.top_k > 0 && p.top_k < V) {
-      std::vector<uint32_t> s = w;
-      std::nth_element(s.begin(), s.begin() + (p.top_k - 1), s.end(), std::greater<uint32_t>());
-      thr = std::max(thr, s[size_t(p.top_k - 1)]);
-    }
+    if (p.top_k > 0 && p.top_k < V) thr = std::max(thr, radix_select(w, 0, uint64_t(p.top_k), false));
     if (p.top_p < 1.0f) {
       uint64_t z = 0;
       for (uint32_t v : w)
         if (v >= thr) z += v;
       const uint64_t target = uint64_t(std::ceil(double(p.top_p) * double(z)));
-      thr = std::max(thr, mass_threshold(w, thr, target));
+      thr = std::max(thr, radix_select(w, thr, target, true));
     }
     if (p.min_p > 0.0f) thr = std::max(thr, uint32_t(std::ceil(double(p.min_p) * 2147483648.0)));
     // 7. the draw, walking the kept weights in id order
