@@ -9,6 +9,7 @@
 #include "factory/factory.h"
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "runtime/row_sampler.h"
 #include "runtime/stop_rule.h"
 #include "sampling/generation_config.h"
 #include "sampling/sampler.h"
@@ -150,12 +151,12 @@ TEST(StopRule, MinTokensBansEosAndStopIdsUntilReached) {
   std::vector<float> logits(64, 0.f);
   logits[1] = 5.f;
   logits[3] = 1.f;
-  Sampler s(SamplingParams{});
-  EXPECT_EQ(s.sample(logits.data(), 64, {}, r.banned()), 3);
+  RowSampler s(SamplingParams{}, {});
+  EXPECT_EQ(s.sample(logits.data(), 64, 0, r.banned()), 3);
   EXPECT_FALSE(r.on_token(3).done);
   EXPECT_FALSE(r.on_token(1).done);  // an EOS not banned by the caller is an ordinary token
   EXPECT_TRUE(r.banned().empty());
-  EXPECT_EQ(s.sample(logits.data(), 64, {}, r.banned()), 1);
+  EXPECT_EQ(s.sample(logits.data(), 64, 1, r.banned()), 1);
   EXPECT_TRUE(r.on_token(1).done);
 }
 

@@ -1,5 +1,5 @@
-// Sampling rows of logits into tokens, the same bits on the CPU and the GPU (the device side of
-// issue "sampling on the device"; the engine's host Sampler, sampling/sampler.h, is the other one).
+// Sampling rows of logits into tokens, the same bits on the CPU and the GPU: the engine draws every
+// token with it (runtime/row_sampler.h on the host; ModelBackend::sample_last_step on a device).
 //
 // Per row, in this order (every step exact or explicitly rounded, sample_math.h):
 //   1. status: a NaN or +inf logit -> kSampleNonFinite (no token, -1).

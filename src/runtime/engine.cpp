@@ -3,6 +3,7 @@
 // queue (in_mu_) and each Job's event queue.
 #include "runtime/engine.h"
 
+#include "runtime/row_sampler.h"
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "runtime/row_sampler.h"
 #include "runtime/stop_rule.h"
 
 namespace cm::runtime {
@@ -51,12 +53,12 @@ struct Engine::Seq {
   int32_t pending = -1;            // sampled token still to be fed (decode phase)
   bool hold_last = false;          // forks wait for this prompt's state: stop one token short once
   std::vector<TokenOut> prompt_lp; // prompt_logprobs: prompt tokens 1.. so far
-  Sampler sampler;
+  RowSampler sampler;
   StopRule rule;
   std::unique_ptr<TokenConstraint> constraint;  // structured output (null: none)
   Clock::time_point arrival, first_token, last_token;
   Seq(std::shared_ptr<Job> j, const Tokenizer* tok, const EngineOptions& opt)
-      : job(std::move(j)), sampler(job->spec.sampling), rule(stop_params(job->spec, opt), tok,
+      : job(std::move(j)), sampler(job->spec.sampling, job->spec.prompt), rule(stop_params(job->spec, opt), tok,
                                                               int64_t(job->spec.prompt.size())) {}
   static StopParams stop_params(const JobSpec& spec, const EngineOptions& opt) {
     StopParams p;
@@ -401,7 +403,7 @@ void Engine::on_logits(Seq& s, const float* row) {
   try {
     TokenConstraint::Constrained c{row, &s.rule.banned()};
     if (s.constraint) c = s.constraint->constrain(row, s.rule.banned());
-    id = s.sampler.sample(c.row, vocab_, s.hist, *c.banned);
+    id = s.sampler.sample(c.row, vocab_, int64_t(s.hist.size()), *c.banned);
   } catch (const std::exception& e) {
     finish(s, "error", false, e.what());
     return;
@@ -414,6 +416,7 @@ void Engine::on_logits(Seq& s, const float* row) {
   }
   s.last_token = now;
   s.hist.push_back(id);
+  s.sampler.add(id);
   ++s.generated;
   if (metrics_) metrics_->add_generation_tokens(1);
   JobEvent ev;

@@ -10,7 +10,7 @@
 //      slot whose tokens are a prefix is copied with copy_slot), else the least recently used;
 //   3. the batch is every decoding sequence's next token, then prefill chunks of admitted prompts
 //      in admission order until max_step_tokens are used;
-//   4. rows with logits are sampled with the job's own Sampler (its seed, penalties over prompt +
+//   4. rows with logits are sampled with the job's own RowSampler (its seed, penalties over prompt +
 //      output, EOS banned before min_tokens), and the job's StopRule (runtime/stop_rule.h)
 //      detokenizes, holds back stop strings and says whether the job ends; events go to its queue.
 // A job ends on EOS, a stop id or string, max_tokens, the context limit or cancellation; its slot
