@@ -35,8 +35,9 @@ constexpr int64_t kSlices = std::numeric_limits<int64_t>::max();  // decode_max_
 enum class Fmt { NVFP4, MXFP4, FP8 };
 // Which kernel serves the call. NVFP4/MXFP4: Auto (decode_max_m 64, the default prefill), Wgmma / Cublas
 // (forced above 64 rows), WgmmaAll (the wgmma kernel from one row), Tiles (the mma.sync prefill kernel,
-// decode bits), Slices (the decode kernel in 32-row slices). FP8: Auto, Slices, Exact (the prefill kernel).
-enum class Var { Auto, Wgmma, Cublas, WgmmaAll, Tiles, Slices, Exact };
+// decode bits), Slices (the decode kernel in 32-row slices), XWgmma (the wgmma kernel with decode bits).
+// FP8: Auto, Slices, Exact (the prefill kernel).
+enum class Var { Auto, Wgmma, Cublas, WgmmaAll, Tiles, Slices, Exact, XWgmma };
 const char* var_name(Var v) {
   switch (v) {
     case Var::Auto: return "auto";
@@ -46,6 +47,7 @@ const char* var_name(Var v) {
     case Var::Tiles: return "tiles";
     case Var::Slices: return "slices";
     case Var::Exact: return "exact";
+    case Var::XWgmma: return "xwgmma";
   }
   return "?";
 }
@@ -140,7 +142,7 @@ class LinearRun : public OpRun {
       c.expect(have <= padded + 1 && have >= stored, "nvfp4 device bytes " + std::to_string(have));
     }
     // the reference: every row, or a sample of rows for large calls
-    const bool bits = s_.var == Var::Tiles || s_.var == Var::Exact;
+    const bool bits = s_.var == Var::Tiles || s_.var == Var::Exact || s_.var == Var::XWgmma;
     const bool all_rows = double(M) * double(N) * double(s_.K) <= double(int64_t(1) << 34) && !(bits && M > 1000);
     const std::vector<int64_t> sample = sample_rows(M);
     std::vector<float> ref;
@@ -210,6 +212,11 @@ class LinearRun : public OpRun {
     if (v == Var::Tiles) {
       cuda::linear_nvfp4_tiles(ctx, w, x, rows, KX, y, ldy, ot);
       path_ = "mma.sync prefill";
+      return;
+    }
+    if (v == Var::XWgmma) {
+      cuda::linear_nvfp4_exact_wgmma(ctx, w, x, rows, KX, y, ldy, ot);
+      path_ = "wgmma exact";
       return;
     }
     int64_t dmax = 64;
@@ -572,6 +579,7 @@ void add_linear_cases(std::vector<OpCase>& out) {
       const bool huge = M >= 256 || s.N == head.N;
       std::vector<Var> vars = {Var::Auto};
       if (M > 64) vars.insert(vars.end(), {Var::Wgmma, Var::Cublas, Var::Tiles, Var::Slices});
+      if (M > 64 && s.N != q_a.N && s.N != kv.N) vars.push_back(Var::XWgmma);  // q_a, kv: more than 4 splits
       if (M > 16 && M <= 64) vars.push_back(Var::WgmmaAll);
       for (Var v : vars) {
         nv.var = v;
@@ -614,6 +622,11 @@ void add_linear_cases(std::vector<OpCase>& out) {
   grid(out, nv, {{1000, 64 * 23, 1}, {100, 1008, 1}, {3, 64, 1}, {130, 80, 1}, {64, 4096, 2}}, {65, 129, 1000, 2048});
   grid(out, nv, {{96, 64 * 7, 3}, {16900, 80, 1}}, {65, 1000});
   grid(out, nv, {{10000, 192, 1}}, {129});
+  // the wgmma kernel with the decode kernel's bits: Flash shapes (w13: 3 splits, a 12-CTA cluster;
+  // the others 1 split), ragged M, N and K, grouped, sums of one chunk per CTA
+  nv.var = Var::XWgmma;
+  grid(out, nv, {w13, w2, q_b, wo_a, wo_b}, {1, 7, 129, 300, 2048});
+  grid(out, nv, {{300, 64 * 23, 1}, {16900, 80 * 4, 1}, {1000, 1008, 1}, {2048, 1024, 2}}, {1, 65, 200, 1000});
   for (Shape s : {w13, w2, q_a, wo_b, wo_a, Shape{100, 1008, 1}})
     add_case(out, check_only_case("linear_nvfp4", case_name("decode_invariance", {{"N", s.N}, {"K", s.K}, {"G", s.G}}),
                              [s](cuda::Context& ctx, Checker& c) { decode_invariance(ctx, c, s); }));

@@ -23,6 +23,8 @@ void setup_wgmma_kernels();
 void setup_moe_kernels();
 // Raises the dynamic shared-memory limit of the NVFP4 prefill kernel (sm90_nvfp4_prefill.cu).
 void setup_nvfp4_prefill_kernels();
+// Raises the shared-memory and cluster-size limits of the exact wgmma kernel (sm90_nvfp4_exact_wgmma.cu).
+void setup_nvfp4_exact_wgmma_kernels();
 }  // namespace cuda
 
 }  // namespace cm

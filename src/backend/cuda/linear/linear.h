@@ -122,6 +122,15 @@ void linear_nvfp4_wgmma(Context& ctx, const DeviceLinear& w, const uint16_t* x, 
 void linear_nvfp4_tiles(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                         int64_t ldy, OutType out);
 
+// The wgmma kernel with the decode kernel's bits (sm90_nvfp4_exact_wgmma.cu): each (K split, K warp)
+// chain of the decode kernel in its own CTA of a cluster over one 128-token x 256-row tile, the
+// chains summed through distributed shared memory in the decode kernel's order. Why it does not take
+// a weight (nullptr: it does): the split's chains must fit one cluster (<= 4 splits) and have >= 1
+// chunk each; grouped weights need 256-row groups and K % 64 == 0.
+const char* exact_wgmma_nvfp4_unsupported(Context& ctx, const DeviceLinear& w, int64_t M);
+void linear_nvfp4_exact_wgmma(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
+                              int64_t ldy, OutType out);
+
 // Expands W to bf16 [N, K] row-major, values exact (includes scale_2 only if apply_scale_2).
 void dequant_nvfp4_bf16(Context& ctx, const DeviceLinear& w, int64_t row0, int64_t rows, uint16_t* out,
                         bool apply_scale_2);

@@ -33,6 +33,7 @@
 #include "backend/cuda/core/kernel_setup.h"
 #include "backend/cuda/linear/sm90_nvfp4.cuh"
 #include "backend/cuda/linear/sm90_mbarrier.cuh"
+#include "backend/cuda/linear/sm90_tma.cuh"
 #include "backend/cuda/linear/sm90_wgmma.cuh"
 
 namespace cm::cuda {
@@ -46,6 +47,13 @@ using sm90::mbar_init;
 using sm90::mbar_init_fence;
 using sm90::mbar_wait;
 using sm90::smem_u32;
+using sm90::desc_sw128;
+using sm90::fence_regs;
+using sm90::named_barrier;
+using sm90::tma_load_2d;
+using sm90::wgmma_commit;
+using sm90::wgmma_fence;
+using sm90::wgmma_wait;
 
 constexpr int kBM = 128;          // weight rows per CTA (2 consumer warpgroups x 64)
 constexpr int kRowBlocks = kBM / 16;
@@ -90,40 +98,6 @@ struct WgmmaParams {
   float* partials;
   unsigned* counters;
 };
-
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-      ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-
-template <int R>
-__device__ __forceinline__ void fence_regs(float (&r)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-// K-major operand, 128-byte swizzle: rows of 128 bytes, 8-row atoms 1024 bytes apart.
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
-  uint64_t d = 0;
-  d |= uint64_t((addr & 0x3FFFF) >> 4);
-  d |= uint64_t(1) << 16;            // leading byte offset (unused with swizzle)
-  d |= uint64_t(1024 >> 4) << 32;    // stride byte offset: next 8-row atom
-  d |= uint64_t(1) << 62;            // 128B swizzle
-  return d;
-}
 
 // Expands this lane's share of one packed 16-row x 64-k block (rows g, g+8;
 // k = 16t .. 16t+15) to BF16 (value * scale * 2^-26, exact) and stores it
@@ -317,20 +291,6 @@ __global__ void __launch_bounds__(384, 1) nvfp4_wgmma_kernel(const __grid_consta
   }
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    cudaDriverEntryPointQueryResult q{};
-    void* f = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  });
-  CM_CU_CHECK(fn != nullptr, "the CUDA driver does not provide cuTensorMapEncodeTiled");
-  return fn;
-}
-
 template <int BN>
 void launch(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
             OutType out, int64_t ksplit) {
@@ -375,6 +335,20 @@ void launch(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, i
 }
 
 }  // namespace
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cudaDriverEntryPointQueryResult q{};
+    void* f = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  });
+  CM_CU_CHECK(fn != nullptr, "the CUDA driver does not provide cuTensorMapEncodeTiled");
+  return fn;
+}
 
 void setup_wgmma_kernels() {
   CM_CUDA(cudaFuncSetAttribute(nvfp4_wgmma_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile<64>::kSmem));
