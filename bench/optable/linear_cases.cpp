@@ -548,6 +548,38 @@ void fp8_run_linear_chunks(cuda::Context& ctx, Checker& c) {
 }
 
 
+// The model's call (run_linear, batch-invariant) gives a row the same bits alone, in a batch of 7, of 300
+// and of 4,000, whatever kernel each M takes (decode, mma.sync tiles, the exact wgmma kernel).
+void run_linear_invariance(cuda::Context& ctx, Checker& c, Shape s) {
+  const int64_t KX = s.K * s.G, M = 4000;
+  LinearWeight w = random_nvfp4(s.N, s.K, uint64_t(s.N * 3 + s.K));
+  const cuda::DevLinear dw = cuda::upload_linear(w, s.G);
+  std::vector<uint16_t> xb;
+  std::vector<float> xf;
+  random_bf16(size_t(M * KX), 11, 2.0f, xb, xf);
+  const cuda::DeviceBuffer dx = to_device(xb);
+  for (bool bf16 : {false, true}) {
+    const size_t es = bf16 ? 2 : 4, row = size_t(s.N) * es;
+    auto call = [&](int64_t m0, int64_t rows) {
+      GuardedRows g(rows, s.N, es);
+      cuda::run_linear(ctx, dw, dx.as<const uint16_t>() + m0 * KX, true, rows, KX, g.ptr(), bf16, g.ld(), nullptr);
+      return g.raw(c);
+    };
+    const std::vector<uint8_t> all = call(0, M), b300 = call(0, 300), b7 = call(0, 7);
+    for (int64_t m : {int64_t(0), int64_t(6)}) {
+      const std::vector<uint8_t> one = call(m, 1);
+      c.same_bits(one.data(), &b7[size_t(m) * row], row, "row " + std::to_string(m) + " alone vs in 7 rows");
+      c.same_bits(one.data(), &b300[size_t(m) * row], row, "row " + std::to_string(m) + " alone vs in 300 rows");
+      c.same_bits(one.data(), &all[size_t(m) * row], row, "row " + std::to_string(m) + " alone vs in 4000 rows");
+    }
+    for (int64_t m : {int64_t(299), int64_t(3999)}) {
+      const std::vector<uint8_t> one = call(m, 1);
+      c.same_bits(one.data(), &all[size_t(m) * row], row, "row " + std::to_string(m) + " alone vs in 4000 rows");
+    }
+    c.same_bits(b300.data(), all.data(), b300.size(), "300 rows vs the first 300 of 4000");
+  }
+}
+
 OpCase host_case(const std::string& family, const std::string& name, std::function<void(Checker&)> fn) {
   OpCase c;
   c.family = family;
@@ -631,6 +663,9 @@ void add_linear_cases(std::vector<OpCase>& out) {
     add_case(out, check_only_case("linear_nvfp4", case_name("decode_invariance", {{"N", s.N}, {"K", s.K}, {"G", s.G}}),
                              [s](cuda::Context& ctx, Checker& c) { decode_invariance(ctx, c, s); }));
   add_case(out, check_only_case("linear_nvfp4", "dispatch", nvfp4_dispatch, "exact"));
+  for (Shape s : {w13, w2, q_a, q_b, wo_a, wo_b})
+    add_case(out, check_only_case("linear_nvfp4", case_name("run_linear_invariance", {{"N", s.N}, {"K", s.K}, {"G", s.G}}),
+                             [s](cuda::Context& ctx, Checker& c) { run_linear_invariance(ctx, c, s); }));
   for (bool pdl : {true, false}) {
     add_case(out, check_only_case("linear_nvfp4", std::string("chained_decode_pdl") + (pdl ? "1" : "0"),
                              [pdl](cuda::Context&, Checker& c) { chained_decode(c, pdl); }, "||y-ref||/||ref|| 2e-3"));

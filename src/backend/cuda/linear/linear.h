@@ -74,6 +74,10 @@ inline size_t prefill_panel_bytes(int64_t N, int64_t K, int groups) {
 // prefill kernel instead of 32-row slices of the decode kernel (same bits).
 inline constexpr int64_t kNvfp4TilesMinRows = 128;
 
+// From this many rows the mma.sync prefill path (PrefillKernel::MmaTiles, the model's) runs the exact
+// wgmma kernel instead, for the weights it takes (exact_wgmma_nvfp4_unsupported): the same bits.
+inline constexpr int64_t kNvfp4ExactWgmmaMinRows = 256;
+
 struct DeviceLinear {
   std::string name;
   int64_t N = 0, K = 0;
@@ -107,8 +111,9 @@ bool linear_nvfp4_pair(Context& ctx, const DeviceLinear& wa, const DeviceLinear&
 
 // The kernel linear_nvfp4 runs for these arguments ("mma.sync decode", "wgmma", "dequant+cuBLAS",
 // "mma.sync prefill").
+// With ctx, MmaTiles names the exact wgmma kernel where linear_nvfp4 would run it.
 const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_max_m = 64,
-                              PrefillKernel prefill = PrefillKernel::Auto);
+                              PrefillKernel prefill = PrefillKernel::Auto, Context* ctx = nullptr);
 
 // The wgmma prefill kernel alone: any M >= 1; grouped weights need N/groups % 128 == 0 and K % 64 == 0.
 bool wgmma_nvfp4_supported(const DeviceLinear& w, int64_t M);

@@ -220,11 +220,12 @@ __global__ void __launch_bounds__(384, 1) nvfp4_exact_wgmma_kernel(const __grid_
       *reinterpret_cast<float2*>(tile + (tok + 8) * kPitch + r) = make_float2(acc[4 * i + 2], acc[4 * i + 3]);
     }
   }
-  // All CTAs' sums are in their shared memory; CTA `rank` reduces its share of the tokens.
+  // All CTAs' sums are in their shared memory; CTA `rank` reduces its share of the tokens, on the
+  // consumer warpgroups only (the producer's 40 registers are too few for this loop).
   cluster_sync();
   const int t_lo = rank * kToks / csize, t_hi = (rank + 1) * kToks / csize;
   const uint32_t tile_u32 = sbase;
-  for (int e = threadIdx.x; e < (t_hi - t_lo) * (kRows / 4); e += blockDim.x) {
+  for (int e = int(threadIdx.x) - 128; wg > 0 && e < (t_hi - t_lo) * (kRows / 4); e += 256) {
     const int tl = t_lo + e / (kRows / 4), col = 4 * (e % (kRows / 4));
     const int m = tok0 + tl, nrow = rb0 * 16 + col;
     const uint32_t off = tile_u32 + uint32_t(tl * kPitch + col) * 4;

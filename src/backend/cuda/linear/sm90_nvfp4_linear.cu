@@ -217,9 +217,16 @@ bool auto_uses_wgmma(const DeviceLinear& w, int64_t M) {
   return wgmma_nvfp4_supported(w, M) && M <= 256 && w.N * w.K * w.groups >= (int64_t(1) << 25);
 }
 
-const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_max_m, PrefillKernel prefill) {
+// The mma.sync prefill path's kernel: the exact wgmma kernel from kNvfp4ExactWgmmaMinRows rows where it
+// takes the weight (the same bits either way; a speed choice).
+bool tiles_use_exact_wgmma(Context& ctx, const DeviceLinear& w, int64_t M) {
+  return M >= kNvfp4ExactWgmmaMinRows && exact_wgmma_nvfp4_unsupported(ctx, w, M) == nullptr;
+}
+
+const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_max_m, PrefillKernel prefill,
+                              Context* ctx) {
   if (M <= decode_max_m) return "mma.sync decode";
-  if (prefill == PrefillKernel::MmaTiles) return "mma.sync prefill";
+  if (prefill == PrefillKernel::MmaTiles) return ctx && tiles_use_exact_wgmma(*ctx, w, M) ? "wgmma exact" : "mma.sync prefill";
   if (prefill == PrefillKernel::Wgmma || (prefill == PrefillKernel::Auto && auto_uses_wgmma(w, M))) return "wgmma";
   return "dequant+cuBLAS";
 }
@@ -245,7 +252,10 @@ void linear_nvfp4(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_
     return;
   }
   if (prefill == PrefillKernel::MmaTiles) {
-    linear_nvfp4_tiles(ctx, w, x, M, ldx, y, ldy, out);
+    if (tiles_use_exact_wgmma(ctx, w, M))
+      linear_nvfp4_exact_wgmma(ctx, w, x, M, ldx, y, ldy, out);
+    else
+      linear_nvfp4_tiles(ctx, w, x, M, ldx, y, ldy, out);
     return;
   }
   if (prefill == PrefillKernel::Wgmma || (prefill == PrefillKernel::Auto && auto_uses_wgmma(w, M))) {
