@@ -76,7 +76,9 @@ inline constexpr int64_t kNvfp4TilesMinRows = 128;
 
 // From this many rows the mma.sync prefill path (PrefillKernel::MmaTiles, the model's) runs the exact
 // wgmma kernel instead, for the weights it takes (exact_wgmma_nvfp4_unsupported): the same bits.
+// Off until the kernel's bits and speed are confirmed on the device (docs/gpu-ops.md).
 inline constexpr int64_t kNvfp4ExactWgmmaMinRows = 256;
+inline constexpr bool kNvfp4ExactWgmmaRouted = false;
 
 struct DeviceLinear {
   std::string name;
