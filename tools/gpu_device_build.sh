@@ -50,7 +50,7 @@ obj() { echo "$B/obj/$(echo "$1" | tr '/' '_').o"; }
 CORE=($(find src -path src/cli -prune -o -path src/serve -prune -o -path src/grammar -prune -o -path src/runtime/grammar_gate.cpp -prune \
              -o -path src/common/log.cpp -prune -o \( -name '*.cpp' -o -name '*.cu' \) -print | sort)
       $(find bench \( -name '*.cpp' -o -name '*.cu' \) -print | sort))
-TESTS=(tests/gpu/*.cpp "$TP/googletest/src/gtest-all.cc" "$TP/googletest/src/gtest_main.cc")
+TESTS=(tests/gpu/*.cpp tests/gpu/*.cu "$TP/googletest/src/gtest-all.cc" "$TP/googletest/src/gtest_main.cc")
 # Every command but `serve` (Debian's cpp-httplib is a compiled library with TLS dependencies the device lacks).
 CLI=($(ls src/cli/*.cpp | grep -v cmd_serve.cpp))
 pids=()

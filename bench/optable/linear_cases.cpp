@@ -611,7 +611,7 @@ void add_linear_cases(std::vector<OpCase>& out) {
       const bool huge = M >= 256 || s.N == head.N;
       std::vector<Var> vars = {Var::Auto};
       if (M > 64) vars.insert(vars.end(), {Var::Wgmma, Var::Cublas, Var::Tiles, Var::Slices});
-      if (M > 64 && s.N != q_a.N && s.N != kv.N) vars.push_back(Var::XWgmma);  // q_a, kv: more than 4 splits
+      if (M > 64) vars.push_back(Var::XWgmma);
       if (M > 16 && M <= 64) vars.push_back(Var::WgmmaAll);
       for (Var v : vars) {
         nv.var = v;
@@ -654,11 +654,14 @@ void add_linear_cases(std::vector<OpCase>& out) {
   grid(out, nv, {{1000, 64 * 23, 1}, {100, 1008, 1}, {3, 64, 1}, {130, 80, 1}, {64, 4096, 2}}, {65, 129, 1000, 2048});
   grid(out, nv, {{96, 64 * 7, 3}, {16900, 80, 1}}, {65, 1000});
   grid(out, nv, {{10000, 192, 1}}, {129});
-  // the wgmma kernel with the decode kernel's bits: Flash shapes (w13: 3 splits, a 12-CTA cluster;
-  // the others 1 split), ragged M, N and K, grouped, sums of one chunk per CTA
+  // the wgmma kernel with the decode kernel's bits: Flash shapes (q_a, kv: many K splits; w13: 3; the
+  // others 1), ragged M, N and K, grouped (128-row groups), splits of fewer than 4 chunks, and wo_b at
+  // 3000 rows: two passes through the reorder scratch
   nv.var = Var::XWgmma;
-  grid(out, nv, {w13, w2, q_b, wo_a, wo_b}, {1, 7, 129, 300, 2048});
-  grid(out, nv, {{300, 64 * 23, 1}, {16900, 80 * 4, 1}, {1000, 1008, 1}, {2048, 1024, 2}}, {1, 65, 200, 1000});
+  grid(out, nv, {w13, w2, q_a, kv, q_b, wo_a, wo_b}, {1, 7, 129, 300, 2048});
+  grid(out, nv, {{300, 64 * 23, 1}, {16900, 80 * 4, 1}, {1000, 1008, 1}, {2048, 1024, 2}, {256, 1024, 2}, {40, 80, 1}},
+       {1, 65, 200, 1000});
+  grid(out, nv, {wo_b}, {3000});
   for (Shape s : {w13, w2, q_a, wo_b, wo_a, Shape{100, 1008, 1}})
     add_case(out, check_only_case("linear_nvfp4", case_name("decode_invariance", {{"N", s.N}, {"K", s.K}, {"G", s.G}}),
                              [s](cuda::Context& ctx, Checker& c) { decode_invariance(ctx, c, s); }));

@@ -148,6 +148,13 @@ unsigned* Context::splitk_counters(size_t n) {
   return counters_.as<unsigned>();
 }
 
+void* Context::reorder_scratch(size_t bytes) {
+  CM_CU_CHECK(bytes <= reorder_scratch_bytes(),
+              "reorder scratch too small: a linear needs %zu bytes, %zu reserved (Context::reserve_workspace)", bytes,
+              reorder_scratch_bytes());
+  return partials_.get();
+}
+
 void* Context::panel_scratch(size_t bytes) {
   CM_CU_CHECK(bytes <= ws_.panel_bytes,
               "weight panel scratch too small: a prefill linear needs %zu bytes, %zu reserved "

@@ -138,6 +138,10 @@ class Context {
   // workspace is smaller than asked.
   float* splitk_partials(size_t floats);
   unsigned* splitk_counters(size_t n);
+  // Scratch for the exact wgmma linear's reordered activations (sm90_nvfp4_exact_wgmma.cu). It is the
+  // split-K partials' memory: that kernel splits nothing, and launches on one stream never overlap.
+  void* reorder_scratch(size_t bytes);
+  size_t reorder_scratch_bytes() const { return ws_.splitk_floats * sizeof(float); }
   // Scratch for dequantized weight panels (prefill path through cuBLAS).
   void* panel_scratch(size_t bytes);
 

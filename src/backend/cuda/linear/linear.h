@@ -75,10 +75,10 @@ inline size_t prefill_panel_bytes(int64_t N, int64_t K, int groups) {
 inline constexpr int64_t kNvfp4TilesMinRows = 128;
 
 // From this many rows the mma.sync prefill path (PrefillKernel::MmaTiles, the model's) runs the exact
-// wgmma kernel instead, for the weights it takes (exact_wgmma_nvfp4_unsupported): the same bits.
-// Off until the kernel's bits and speed are confirmed on the device (docs/gpu-ops.md).
+// wgmma kernel instead, for the weights it takes (exact_wgmma_nvfp4_unsupported): the same bits
+// (measured on the device: docs/performance.md).
 inline constexpr int64_t kNvfp4ExactWgmmaMinRows = 256;
-inline constexpr bool kNvfp4ExactWgmmaRouted = false;
+inline constexpr bool kNvfp4ExactWgmmaRouted = true;
 
 struct DeviceLinear {
   std::string name;
@@ -129,11 +129,11 @@ void linear_nvfp4_wgmma(Context& ctx, const DeviceLinear& w, const uint16_t* x, 
 void linear_nvfp4_tiles(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                         int64_t ldy, OutType out);
 
-// The wgmma kernel with the decode kernel's bits (sm90_nvfp4_exact_wgmma.cu): each (K split, K warp)
-// chain of the decode kernel in its own CTA of a cluster over one 128-token x 256-row tile, the
-// chains summed through distributed shared memory in the decode kernel's order. Why it does not take
-// a weight (nullptr: it does): the split's chains must fit one cluster (<= 4 splits) and have >= 1
-// chunk each; grouped weights need 256-row groups and K % 64 == 0.
+// The wgmma kernel with the decode kernel's bits (sm90_nvfp4_exact_wgmma.cu): tiles of 128 weight rows
+// x 64 tokens, weights as wgmma's register operand in the decode kernel's fragments, activations
+// reordered by a pass into the decode kernel's k positions, four accumulators per output (one per
+// decode warp) summed per split in the decode kernel's order. Why it does not take a weight (nullptr:
+// it does): K % 16 != 0, grouped weights whose groups are not a multiple of 128 rows.
 const char* exact_wgmma_nvfp4_unsupported(Context& ctx, const DeviceLinear& w, int64_t M);
 void linear_nvfp4_exact_wgmma(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                               int64_t ldy, OutType out);

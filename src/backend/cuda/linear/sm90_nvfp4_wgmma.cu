@@ -295,16 +295,9 @@ template <int BN>
 void launch(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y, int64_t ldy,
             OutType out, int64_t ksplit) {
   using T = Tile<BN>;
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(w.groups * w.K), cuuint64_t(M)};
-  const cuuint64_t strides[1] = {cuuint64_t(ldx) * 2};
-  const cuuint32_t box[2] = {64, BN};
-  const cuuint32_t estr[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(x), dims,
-                                          strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  CM_CU_CHECK(r == CUDA_SUCCESS, "linear '%s': cuTensorMapEncodeTiled failed (%d)", w.name.c_str(), int(r));
+  const CUtensorMap map = encode_tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, uint64_t(w.groups * w.K),
+                                               uint64_t(M), uint64_t(ldx) * 2, 64, BN, CU_TENSOR_MAP_SWIZZLE_128B,
+                                               w.name.c_str());
   WgmmaParams p{};
   p.w = w.data.as<const uint8_t>();
   p.s = w.scales.as<const uint8_t>();
@@ -336,7 +329,9 @@ void launch(Context& ctx, const DeviceLinear& w, const uint16_t* x, int64_t M, i
 
 }  // namespace
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+CUtensorMap encode_tensor_map_2d(CUtensorMapDataType type, const void* base, uint64_t inner, uint64_t outer,
+                                 uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle,
+                                 const char* name) {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
   static std::once_flag once;
   std::call_once(once, [] {
@@ -347,7 +342,15 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
       fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
   });
   CM_CU_CHECK(fn != nullptr, "the CUDA driver does not provide cuTensorMapEncodeTiled");
-  return fn;
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r = fn(&map, type, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CM_CU_CHECK(r == CUDA_SUCCESS, "linear '%s': cuTensorMapEncodeTiled failed (%d)", name, int(r));
+  return map;
 }
 
 void setup_wgmma_kernels() {

@@ -1,6 +1,6 @@
 // Hopper building blocks of the wgmma kernels (sm90_nvfp4_wgmma.cu, sm90_nvfp4_exact_wgmma.cu): the 2-D
-// tensor copy into a 128-byte-swizzled tile, wgmma fences, the K-major 128B-swizzle descriptor, named
-// and cluster barriers, distributed shared memory reads, and the driver's tensor-map encoder.
+// tensor copy into a 128-byte-swizzled tile, wgmma fences, the K-major 128B-swizzle descriptor and its
+// element offsets, named barriers, and the driver's tensor-map encoder.
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -9,8 +9,12 @@
 
 namespace cm::cuda {
 
-// cuTensorMapEncodeTiled from the driver (throws cm::Error when the driver lacks it).
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder();
+// A 2-D tensor map (cuTensorMapEncodeTiled from the driver) over `outer` rows of `inner` elements,
+// rows row_bytes apart, boxes of box_outer x box_inner; throws cm::Error naming the linear when the
+// driver lacks the entry point or refuses the map.
+CUtensorMap encode_tensor_map_2d(CUtensorMapDataType type, const void* base, uint64_t inner, uint64_t outer,
+                                 uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle,
+                                 const char* name);
 
 namespace sm90 {
 
@@ -53,34 +57,6 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
 // lands at unit (k/8) ^ (r % 8), the layout TMA's SWIZZLE_128B writes and desc_sw128 reads.
 __device__ __forceinline__ uint32_t sw128_offset(int r, int k) {
   return uint32_t(r * 128 + ((((k >> 3) ^ r) & 7) << 4) + (k & 7) * 2);
-}
-
-// Every thread of every CTA of the cluster (release / acquire: shared-memory writes before it are
-// visible to the cluster's reads after it).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-
-// The address of this shared-memory location in CTA `rank` of the cluster.
-__device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-
-__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
 }
 
 }  // namespace sm90
