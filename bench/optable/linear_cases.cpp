@@ -174,7 +174,10 @@ class LinearRun : public OpRun {
       c.err(tag + " ||y-ref||/||ref||" + (all_rows ? "" : " (sampled rows)"), rel_error(got, ref), f32 ? 1e-5 : 1e-2);
       if (s_.fmt == Fmt::FP8 && s_.var == Var::Auto)
         c.expect(path_ == expected_fp8_path(M, s_.scales), "path " + path_ + ", expected " + expected_fp8_path(M, s_.scales));
-      if (s_.fmt == Fmt::FP8 && s_.var == Var::Exact) c.expect(path_ == cuda::kFp8PathPrefill, "path " + path_);
+      if (s_.fmt == Fmt::FP8 && s_.var == Var::Exact) {
+        const bool wg = M >= cuda::kFp8ExactWgmmaMinRows && !cuda::exact_wgmma_fp8_unsupported(ctx, f8_[0], M);
+        c.expect(path_ == (wg ? cuda::kFp8PathExactWgmma : cuda::kFp8PathPrefill), "path " + path_);
+      }
       if (!bits) continue;
       // batch invariance: the prefill kernel gives the decode kernel's bits, in slices and on single rows
       GuardedRows d(M, N, es);
@@ -204,6 +207,11 @@ class LinearRun : public OpRun {
       if (v == Var::Exact) {
         dmax = 0;
         pf = cuda::Fp8Prefill::Exact;
+      }
+      if (v == Var::XWgmma) {
+        cuda::linear_fp8_exact_wgmma(ctx, f8_[i], x, rows, KX, y, ldy, ot);
+        path_ = cuda::kFp8PathExactWgmma;
+        return;
       }
       path_ = cuda::linear_fp8(ctx, f8_[i], x, rows, KX, y, ldy, ot, dmax, pf);
       return;
@@ -510,8 +518,8 @@ void fp8_split_cover(cuda::Context& ctx, Checker& c) {
   c.expect(splits(16900, 384, 1) == 1, "16900x384 does not split K");
 }
 
-// The engine's entry (run_linear: the prefill kernel from kFp8PrefillMinM rows): a prompt in chunks on either
-// side of the threshold gives the bits of the whole, of the decode kernel and of the prefill kernel.
+// The engine's entry (run_linear: the prefill kernels from kFp8PrefillMinM rows): a prompt in chunks on either
+// side of the threshold gives the bits of the whole, of the decode kernel and of both prefill kernels.
 void fp8_run_linear_chunks(cuda::Context& ctx, Checker& c) {
   const int64_t N = 1024, K = 4096, M = 4 * cuda::kFp8PrefillMinM + 5;
   cuda::DevLinear dl;
@@ -538,13 +546,16 @@ void fp8_run_linear_chunks(cuda::Context& ctx, Checker& c) {
   const std::string pd = cuda::linear_fp8(ctx, *dl.fp8, x, M, K, gd.ptr(), gd.ld(), cuda::OutType::BF16, kSlices);
   const std::string pp = cuda::linear_fp8(ctx, *dl.fp8, x, M, K, gp.ptr(), gp.ld(), cuda::OutType::BF16,
                                           cuda::kFp8PrefillMinM - 1, cuda::Fp8Prefill::Exact);
+  GuardedRows gt(M, N, 2);
+  cuda::linear_fp8_prefill(ctx, *dl.fp8, x, M, K, gt.ptr(), gt.ld(), cuda::OutType::BF16);
   c.expect(pd == cuda::kFp8PathDecode, "decode path " + pd);
-  c.expect(pp == cuda::kFp8PathPrefill, "prefill path " + pp);
+  c.expect(pp == cuda::kFp8PathExactWgmma, "prefill path " + pp);
   const std::vector<uint8_t> whole = gw.raw(c, "whole"), chunked = gc.raw(c, "chunked"), dec = gd.raw(c, "decode"),
-                             pre = gp.raw(c, "prefill");
+                             pre = gp.raw(c, "prefill"), tiles = gt.raw(c, "mma.sync prefill");
   c.same_bits(whole.data(), chunked.data(), whole.size(), "whole vs chunks of 200, 127, 189, 1");
   c.same_bits(whole.data(), dec.data(), whole.size(), "whole vs the decode kernel");
-  c.same_bits(whole.data(), pre.data(), whole.size(), "whole vs the prefill kernel");
+  c.same_bits(whole.data(), pre.data(), whole.size(), "whole vs the wgmma prefill kernel");
+  c.same_bits(whole.data(), tiles.data(), whole.size(), "whole vs the mma.sync prefill kernel");
 }
 
 
@@ -725,7 +736,7 @@ void add_linear_cases(std::vector<OpCase>& out) {
   for (const Shape& s : {q_a, q_b, wo_a, wo_b, fp8_sh})
     for (int64_t M : bench_ms) {
       std::vector<Var> vars = {Var::Auto};
-      if (M > 64) vars.insert(vars.end(), {Var::Slices, Var::Exact});
+      if (M > 64) vars.insert(vars.end(), {Var::Slices, Var::Exact, Var::XWgmma});
       for (Var v : vars) {
         f8.var = v;
         grid(out, f8, {s}, {M}, true, M >= 256);
@@ -760,6 +771,16 @@ void add_linear_cases(std::vector<OpCase>& out) {
   grid(out, f8, {wo_a, wo_b, q_b, fp8_sh, q_a}, {129, 2048});
   f8.scales = Fp8Scales::F32_ANY;
   grid(out, f8, {fp8_sh, wo_a}, {1000});
+  // the wgmma kernel with the decode kernel's bits: Flash shapes (q_a, kv: many K splits), ragged M, N
+  // and K, grouped (128-row groups), E8M0 and arbitrary F32 scales
+  f8.var = Var::XWgmma;
+  for (Fp8Scales sc : {Fp8Scales::E8M0, Fp8Scales::F32_ANY}) {
+    f8.scales = sc;
+    grid(out, f8, {{200, 384, 1}, {130, 640, 1}, {300, 1152, 1}, {16, 336, 1}, {256, 1152, 2}, {16900, 384, 1}},
+         {1, 65, 200, 1000});
+  }
+  f8.scales = Fp8Scales::E8M0;
+  grid(out, f8, {q_a, kv, q_b, wo_a, wo_b, fp8_sh}, {1, 7, 129, 300, 2048});
   add_case(out, check_only_case("linear_fp8", "dequant_panel", fp8_panel));
   add_case(out, check_only_case("linear_fp8", "splitk_deterministic", fp8_splitk_deterministic));
   add_case(out, check_only_case("linear_fp8", "split_and_unsplit_k", fp8_split_cover, "exact"));

@@ -89,6 +89,7 @@ Context::Context(int device, bool pdl, size_t panel_bytes) : device_(device), pd
   setup_moe_kernels();
   setup_nvfp4_prefill_kernels();
   setup_nvfp4_exact_wgmma_kernels();
+  setup_fp8_exact_wgmma_kernels();
   setup_attention_kernels(device);
   Workspace w = default_workspace(sm_count_, setup_);
   w.panel_bytes = panel_bytes;

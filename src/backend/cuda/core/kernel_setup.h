@@ -25,6 +25,8 @@ void setup_moe_kernels();
 void setup_nvfp4_prefill_kernels();
 // Raises the shared-memory and cluster-size limits of the exact wgmma kernel (sm90_nvfp4_exact_wgmma.cu).
 void setup_nvfp4_exact_wgmma_kernels();
+// The same for the FP8 one (sm90_fp8_exact_wgmma.cu).
+void setup_fp8_exact_wgmma_kernels();
 }  // namespace cuda
 
 }  // namespace cm

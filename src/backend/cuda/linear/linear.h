@@ -75,10 +75,10 @@ inline size_t prefill_panel_bytes(int64_t N, int64_t K, int groups) {
 inline constexpr int64_t kNvfp4TilesMinRows = 128;
 
 // From this many rows the mma.sync prefill path (PrefillKernel::MmaTiles, the model's) runs the exact
-// wgmma kernel instead, for the weights it takes (exact_wgmma_nvfp4_unsupported): the same bits
-// (measured on the device: docs/performance.md).
-inline constexpr int64_t kNvfp4ExactWgmmaMinRows = 256;
-inline constexpr bool kNvfp4ExactWgmmaRouted = true;
+// wgmma kernel instead, for the weights it takes (exact_wgmma_nvfp4_unsupported): the same bits.
+// Measured on an H100 (docs/performance.md): 1.7-2.6x the mma.sync tiles at 129 rows on every
+// V4-Flash shape, 2x at 4096.
+inline constexpr int64_t kNvfp4ExactWgmmaMinRows = 128;
 
 struct DeviceLinear {
   std::string name;
@@ -160,6 +160,7 @@ inline constexpr const char* kFp8PathDecode = "fp8 mma.sync decode";
 inline constexpr const char* kFp8PathCublas = "fp8 dequant+cuBLAS";
 inline constexpr const char* kFp8PathSlices = "fp8 mma.sync 32-token slices (non-pow2 F32 scales)";
 inline constexpr const char* kFp8PathPrefill = "fp8 mma.sync prefill (decode bits)";
+inline constexpr const char* kFp8PathExactWgmma = "fp8 wgmma prefill (decode bits)";
 
 // How linear_fp8 serves M > decode_max_m (see the top of the file).
 enum class Fp8Prefill : uint8_t { Fast, Exact };
@@ -191,6 +192,14 @@ bool linear_fp8_pair(Context& ctx, const DeviceFp8Linear& wa, const DeviceFp8Lin
 // The prefill kernel alone (any M >= 1): what linear_fp8 runs with Fp8Prefill::Exact above decode_max_m.
 void linear_fp8_prefill(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
                         int64_t ldy, OutType out);
+
+// The wgmma kernel with the decode kernel's bits (sm90_fp8_exact_wgmma.cu; as the NVFP4 one): what
+// Fp8Prefill::Exact runs from kFp8ExactWgmmaMinRows rows for the weights it takes (nullptr: it takes
+// w; else why not: K % 16 != 0, more than 512 scale columns, groups not a multiple of 128 rows).
+inline constexpr int64_t kFp8ExactWgmmaMinRows = 128;
+const char* exact_wgmma_fp8_unsupported(Context& ctx, const DeviceFp8Linear& w, int64_t M);
+void linear_fp8_exact_wgmma(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x, int64_t M, int64_t ldx, void* y,
+                            int64_t ldy, OutType out);
 
 // The K split the decode kernel uses for w at every M (the prefill kernel
 // reproduces it): chunks of 64 k per split; ceil(w.chunks / it) splits.

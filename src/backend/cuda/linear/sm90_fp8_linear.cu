@@ -169,7 +169,11 @@ const char* linear_fp8(Context& ctx, const DeviceFp8Linear& w, const uint16_t* x
     if (M > 0) decode_slices(ctx, w, x, M, ldx, y, ldy, out);
     return kFp8PathDecode;
   }
-  if (prefill == Fp8Prefill::Exact) {
+  if (prefill == Fp8Prefill::Exact) {  // the decode kernel's bits either way
+    if (M >= kFp8ExactWgmmaMinRows && exact_wgmma_fp8_unsupported(ctx, w, M) == nullptr) {
+      linear_fp8_exact_wgmma(ctx, w, x, M, ldx, y, ldy, out);
+      return kFp8PathExactWgmma;
+    }
     linear_fp8_prefill(ctx, w, x, M, ldx, y, ldy, out);
     return kFp8PathPrefill;
   }

@@ -11,11 +11,8 @@
 //  - The weights are wgmma's A operand, from registers: warp w4 of a consumer warpgroup expands its
 //    16-row block of each chunk with the decode kernel's own code (expand_word), so its registers
 //    hold exactly the decode kernel's A fragments — wgmma's register A layout per warp is mma.sync's.
-//  - The activations are the B operand, from shared memory, and must sit at the logical k positions
-//    the decode kernel gives them: its lane t feeds step j with k = 16t + 4j + {0,1} (position 2t, 2t+1)
-//    and 16t + 4j + {2,3} (position 2t+8, 2t+9). No copy engine can permute 4-byte pairs, so a pass
-//    (xperm_kernel) writes each 64-token x 64-k tile of x in that order, already 128B-swizzled, into
-//    scratch; the GEMM streams the tiles with plain bulk copies.
+//  - The activations are the B operand, from shared memory, at the logical k positions the decode
+//    kernel gives them: reordered by a pass into scratch (sm90_exact_wgmma.cuh), streamed by bulk copies.
 //  - Each CTA walks the whole K of its tile, split by split as the decode kernel splits it, with four
 //    accumulators per output (one per decode warp: chunk c of split s goes to (c - s·per) mod 4), sums
 //    them in registers in the decode order at the end of the split and adds the split into a running
@@ -37,6 +34,7 @@
 #include "backend/cuda/linear/linear.h"
 #include "backend/cuda/linear/linear_host.cuh"
 #include "backend/cuda/linear/sm90_mbarrier.cuh"
+#include "backend/cuda/linear/sm90_exact_wgmma.cuh"
 #include "backend/cuda/linear/sm90_nvfp4.cuh"
 #include "backend/cuda/linear/sm90_tma.cuh"
 #include "backend/cuda/linear/sm90_wgmma.cuh"
@@ -46,12 +44,12 @@ namespace cm::cuda {
 namespace {
 
 using namespace sm90;
+using exact_wgmma::kToks;
+using exact_wgmma::kXTile;
 
 constexpr int kRows = 128;            // weight rows per tile (2 consumer warpgroups x 64)
 constexpr int kRB = kRows / 16;       // packed row blocks per tile
-constexpr int kToks = 64;             // tokens per tile (wgmma N)
 constexpr int kStages = 8;
-constexpr int kXTile = kToks * 128;   // bf16 [64 tokens][64 positions], 128B-swizzled
 constexpr int kWStage = kRB * 512;    // packed codes
 constexpr int kSStage = kRB * 64;     // packed scales
 constexpr int kXOff = 0;
@@ -75,30 +73,6 @@ struct ExactParams {
   int y_bf16;
   float out_scale;
 };
-
-// Position p of a chunk's reordered row holds activation k = 16t + 4j + 2h + i for p = 16j + 8h + 2t + i:
-// step j's logical k positions as the decode kernel's lane t fills them (see the header).
-// One thread writes one 16-byte unit u = 2j + h (positions 8u .. 8u + 7) of one token row: pairs i at
-// k = 16t + 2u, t = 0..3. Tokens >= M and k >= K are zeros, as the decode kernel reads them.
-__global__ void __launch_bounds__(256) xperm_kernel(const uint16_t* __restrict__ x, int64_t ldx, int M, int K,
-                                                    int chunks, int gchunks, uint8_t* __restrict__ xp) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  const int gc = blockIdx.x, tt = blockIdx.y;
-  const int grp = gc / chunks, c = gc % chunks;
-  uint8_t* tile = xp + (int64_t(tt) * gchunks + gc) * kXTile;
-  for (int e = threadIdx.x; e < kToks * 8; e += blockDim.x) {
-    const int r = e >> 3, u = e & 7, tok = tt * kToks + r;
-    uint32_t v[4];
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const int k = c * 64 + 16 * t + 2 * u;
-      v[t] = (tok < M && k < K)
-                 ? *reinterpret_cast<const uint32_t*>(x + int64_t(tok) * ldx + int64_t(grp) * K + k)
-                 : 0u;
-    }
-    *reinterpret_cast<uint4*>(tile + sw128_offset(r, 8 * u)) = make_uint4(v[0], v[1], v[2], v[3]);
-  }
-}
 
 // This warp's A fragments of a staged chunk: the decode kernel's chunk_mma operands for row block rb.
 __device__ __forceinline__ void expand_chunk(const uint8_t* wst, const uint8_t* sst, int rb, int lane,
@@ -203,20 +177,8 @@ __global__ void __launch_bounds__(384, 1) nvfp4_exact_wgmma_kernel(const __grid_
     }
   }
   if (!present) return;
-  // Accumulator i of n8 block q: row g (i % 4 < 2) or g + 8, token 8q + 2t + (i % 2).
-  const int row0 = (rb0 + rb) * 16 + g;
-#pragma unroll
-  for (int q = 0; q < kToks / 8; ++q)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int tok = tt * kToks + 8 * q + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
-      if (tok >= p.M || row >= p.N) continue;
-      const float o = tot[4 * q + e] * p.out_scale;
-      if (p.y_bf16)
-        static_cast<__nv_bfloat16*>(p.y)[int64_t(tok) * p.ldy + row] = __float2bfloat16_rn(o);
-      else
-        static_cast<float*>(p.y)[int64_t(tok) * p.ldy + row] = o;
-    }
+  exact_wgmma::store_fragment(tot, tt * kToks, (rb0 + rb) * 16 + g, t, p.M, p.N, p.y, p.ldy, p.y_bf16 != 0,
+                              p.out_scale);
 }
 
 }  // namespace
@@ -229,7 +191,7 @@ const char* exact_wgmma_nvfp4_unsupported(Context& ctx, const DeviceLinear& w, i
   if (M <= 0 || M >= (int64_t(1) << 31)) return "M out of range";
   if (w.K % 16 != 0) return "K is not a multiple of 16";
   if (w.groups > 1 && (w.N / w.groups) % kRows != 0) return "grouped weights need groups of a multiple of 128 rows";
-  if (size_t(w.groups) * size_t(w.chunks) * kXTile > ctx.reorder_scratch_bytes())
+  if (!exact_wgmma::fits_scratch(ctx, w.chunks, w.groups))
     return "the reordered activations of one 64-token tile do not fit the scratch";
   return nullptr;
 }
@@ -240,21 +202,13 @@ void linear_nvfp4_exact_wgmma(Context& ctx, const DeviceLinear& w, const uint16_
   CM_CU_CHECK(why == nullptr, "linear '%s': the exact wgmma kernel does not take it: %s", w.name.c_str(),
               why ? why : "");
   CM_CU_CHECK(ldx >= w.groups * w.K && ldy >= w.N, "linear '%s': leading dimensions too small", w.name.c_str());
-  CM_CU_CHECK((ldx % 2) == 0 && (reinterpret_cast<uintptr_t>(x) % 4) == 0,
-              "linear '%s': activations must be 4-byte aligned rows", w.name.c_str());
   const SplitK sk = decode_split(ctx.sm_count(), ctx.setup().nvfp4_decode_occupancy, w.row_blocks, w.chunks);
-  const int64_t gchunks = int64_t(w.groups) * w.chunks;
-  const size_t tile_bytes = size_t(gchunks) * kXTile;  // one 64-token tile of reordered activations
-  const int64_t slab_tiles = int64_t(ctx.reorder_scratch_bytes() / tile_bytes);
-  const int64_t slab = std::min<int64_t>(65535, slab_tiles) * kToks;  // tokens per pass (any: bits do not depend on it)
-  auto* xp = static_cast<uint8_t*>(ctx.reorder_scratch(size_t((std::min(M, slab) + kToks - 1) / kToks) * tile_bytes));
   ExactParams p{};
   p.w = w.data.as<const uint8_t>();
   p.s = w.scales.as<const uint8_t>();
-  p.xp = xp;
   p.ldy = ldy;
   p.chunks = int(w.chunks);
-  p.gchunks = int(gchunks);
+  p.gchunks = int(w.groups * w.chunks);
   p.N = int(w.N);
   p.row_blocks = int(w.row_blocks);
   p.rbg = int(w.groups > 1 ? w.N / w.groups / 16 : w.row_blocks);
@@ -270,16 +224,13 @@ void linear_nvfp4_exact_wgmma(Context& ctx, const DeviceLinear& w, const uint16_
   const CUtensorMap smap = encode_tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT32, w.scales.get(), uint64_t(w.chunks) * 16,
                                                 uint64_t(w.row_blocks), uint64_t(w.chunks) * 64, 16, kRB,
                                                 CU_TENSOR_MAP_SWIZZLE_NONE, w.name.c_str());
-  for (int64_t m0 = 0; m0 < M; m0 += slab) {
-    const int64_t mm = std::min(slab, M - m0);
-    const unsigned tiles = unsigned((mm + kToks - 1) / kToks);
-    launch_kernel(ctx, xperm_kernel, dim3(unsigned(gchunks), tiles), dim3(256), 0, "xperm_kernel", x + m0 * ldx, ldx,
-                  int(mm), int(w.K), int(w.chunks), int(gchunks), xp);
+  exact_wgmma::for_each_slab(ctx, x, ldx, M, int(w.K), w.chunks, w.groups, [&](int64_t m0, int64_t mm, const uint8_t* xp) {
+    p.xp = xp;
     p.M = int(mm);
     p.y = static_cast<uint8_t*>(y) + size_t(m0) * size_t(ldy) * es;
-    launch_kernel(ctx, nvfp4_exact_wgmma_kernel, dim3(unsigned((w.row_blocks + kRB - 1) / kRB), tiles), dim3(384),
-                  kSmem, "nvfp4_exact_wgmma_kernel", wmap, smap, p);
-  }
+    launch_kernel(ctx, nvfp4_exact_wgmma_kernel, dim3(unsigned((w.row_blocks + kRB - 1) / kRB), unsigned((mm + kToks - 1) / kToks)),
+                  dim3(384), kSmem, "nvfp4_exact_wgmma_kernel", wmap, smap, p);
+  });
 }
 
 }  // namespace cm::cuda

@@ -220,7 +220,7 @@ bool auto_uses_wgmma(const DeviceLinear& w, int64_t M) {
 // The mma.sync prefill path's kernel: the exact wgmma kernel from kNvfp4ExactWgmmaMinRows rows where it
 // takes the weight (the same bits either way; a speed choice).
 bool tiles_use_exact_wgmma(Context& ctx, const DeviceLinear& w, int64_t M) {
-  return kNvfp4ExactWgmmaRouted && M >= kNvfp4ExactWgmmaMinRows && exact_wgmma_nvfp4_unsupported(ctx, w, M) == nullptr;
+  return M >= kNvfp4ExactWgmmaMinRows && exact_wgmma_nvfp4_unsupported(ctx, w, M) == nullptr;
 }
 
 const char* linear_nvfp4_path(const DeviceLinear& w, int64_t M, int64_t decode_max_m, PrefillKernel prefill,
