@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "backend/cuda/core/cuda_util.h"
+#include "backend/cuda/linear/sm90_mbarrier.cuh"
 
 namespace cm::cuda::exact_wgmma {
 
@@ -45,6 +46,47 @@ void for_each_slab(Context& ctx, const uint16_t* x, int64_t ldx, int64_t M, int 
     reorder_x(ctx, x + m0 * ldx, ldx, mm, K, int(chunks), groups, xp);
     gemm(m0, mm, static_cast<const uint8_t*>(xp));
   }
+}
+
+// The dynamic shared memory base rounded up to 1024 bytes (128B-swizzled tiles need it; the kernels
+// ask for 1024 bytes more than they use).
+__device__ __forceinline__ uint8_t* align_1024(uint8_t* raw) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+}
+
+// The stage ring: `stages` full barriers (the producer's one arrival plus the copies' bytes) and empty
+// barriers (one arrival per consumer warp, 8), 8 bytes apart. Thread 0 only; the caller syncs after.
+__device__ __forceinline__ void init_ring(uint32_t full0, uint32_t empty0, int stages) {
+  for (int i = 0; i < stages; ++i) {
+    sm90::mbar_init(full0 + 8 * i, 1);
+    sm90::mbar_init(empty0 + 8 * i, 8);
+  }
+  sm90::mbar_init_fence();
+}
+
+// The producer's loop (one thread): for chunk c, stage c % stages, once the consumers freed it: the
+// expected bytes tx, the bulk copy of the x tile (xt: this CTA's first tile) to x0 + stage * kXTile, and
+// copy_weights(c, stage, full barrier) for the weight copies.
+template <class CopyWeights>
+__device__ __forceinline__ void produce(int chunks, int stages, uint32_t full0, uint32_t empty0, uint32_t tx,
+                                        uint32_t x0, const uint8_t* xt, CopyWeights&& copy_weights) {
+  for (int c = 0; c < chunks; ++c) {
+    const int st = c % stages;
+    const uint32_t full = full0 + 8 * st;
+    sm90::mbar_wait(empty0 + 8 * st, (uint32_t(c / stages) & 1u) ^ 1u);
+    sm90::mbar_expect_tx(full, tx);
+    sm90::bulk_load(x0 + st * kXTile, xt + int64_t(c) * kXTile, kXTile, full);
+    copy_weights(c, st, full);
+  }
+}
+
+// The decode kernels' reduction of output i (sm90_decode.cuh: reduce_warps, splitk_combine): the four warp
+// chains as (w0 + w1) + (w2 + w3), then the splits as 0 + v0 + v1 + ... (one split: v0 alone).
+__device__ __forceinline__ float chains_sum(const float (&acc)[4][32], int i) {
+  return (acc[0][i] + acc[1][i]) + (acc[2][i] + acc[3][i]);
+}
+__device__ __forceinline__ float add_split(float total, float v, int split, int ksplit) {
+  return ksplit == 1 ? v : (split == 0 ? 0.f : total) + v;
 }
 
 // Stores one warp's m64n64 wgmma fragment share (v[4q + e]: row `row0` (e < 2) or row0 + 8, token

@@ -64,7 +64,7 @@ struct Fp8ExactParams {
 __global__ void __launch_bounds__(384, 1) fp8_exact_wgmma_kernel(const __grid_constant__ CUtensorMap wmap,
                                                                  const Fp8ExactParams p) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = exact_wgmma::align_1024(smem_raw);
   const uint32_t sbase = smem_u32(smem);
   const uint32_t full0 = sbase + kBarOff, empty0 = full0 + kStages * 8;
   const int rb0 = blockIdx.x * kRB, tt = blockIdx.y;
@@ -74,13 +74,7 @@ __global__ void __launch_bounds__(384, 1) fp8_exact_wgmma_kernel(const __grid_co
   float* srow = reinterpret_cast<float*>(smem + kScaleOff);
   // The tile's scale row (weights never come from an earlier kernel: read before the dependency wait).
   for (int i = threadIdx.x; i < p.scale_cols; i += blockDim.x) srow[i] = p.s[int64_t(rb0 / 8) * p.scale_cols + i];
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      mbar_init(full0 + 8 * i, 1);
-      mbar_init(empty0 + 8 * i, 8);  // one arrival per consumer warp
-    }
-    mbar_init_fence();
-  }
+  if (threadIdx.x == 0) exact_wgmma::init_ring(full0, empty0, kStages);
   __syncthreads();
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
@@ -90,14 +84,9 @@ __global__ void __launch_bounds__(384, 1) fp8_exact_wgmma_kernel(const __grid_co
       asm volatile("prefetch.tensormap [%0];" ::"l"(&wmap) : "memory");
       constexpr uint32_t tx = kXTile + kWStage;
       const uint8_t* xt = p.xp + (int64_t(tt) * p.gchunks + int64_t(grp) * p.chunks) * kXTile;
-      for (int c = 0; c < p.chunks; ++c) {
-        const int st = c % kStages;
-        const uint32_t full = full0 + 8 * st;
-        mbar_wait(empty0 + 8 * st, (uint32_t(c / kStages) & 1u) ^ 1u);
-        mbar_expect_tx(full, tx);
-        bulk_load(sbase + kXOff + st * kXTile, xt + int64_t(c) * kXTile, kXTile, full);
+      exact_wgmma::produce(p.chunks, kStages, full0, empty0, tx, sbase + kXOff, xt, [&](int c, int st, uint32_t full) {
         tma_load_2d(sbase + kWOff + st * kWStage, &wmap, c * 256, rb0, full);
-      }
+      });
     }
     return;
   }
@@ -149,12 +138,9 @@ __global__ void __launch_bounds__(384, 1) fp8_exact_wgmma_kernel(const __grid_co
         for (int i = 0; i < 32; ++i) acc[kw][i] = fmaf(tmp[i], sc, acc[kw][i]);
       }
     }
-    // The decode kernel's reduction: warps (w0 + w1) + (w2 + w3), splits 0 + v0 + v1 + ... (splitk_combine).
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const float v = (acc[0][i] + acc[1][i]) + (acc[2][i] + acc[3][i]);
-      tot[i * 128] = p.ksplit == 1 ? v : (s == 0 ? 0.f : tot[i * 128]) + v;
-    }
+    for (int i = 0; i < 32; ++i)
+      tot[i * 128] = exact_wgmma::add_split(tot[i * 128], exact_wgmma::chains_sum(acc, i), s, p.ksplit);
   }
   if (!present) return;
   float v[32];

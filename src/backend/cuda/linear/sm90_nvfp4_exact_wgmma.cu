@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(384, 1) nvfp4_exact_wgmma_kernel(const __grid_
                                                                    const __grid_constant__ CUtensorMap smap,
                                                                    const ExactParams p) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = exact_wgmma::align_1024(smem_raw);
   const uint32_t sbase = smem_u32(smem);
   const uint32_t full0 = sbase + kBarOff, empty0 = full0 + kStages * 8;
   const int rb0 = blockIdx.x * kRB, tt = blockIdx.y;
@@ -99,13 +99,7 @@ __global__ void __launch_bounds__(384, 1) nvfp4_exact_wgmma_kernel(const __grid_
   const int nrb = min(kRB, p.row_blocks - rb0);
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
 
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      mbar_init(full0 + 8 * i, 1);
-      mbar_init(empty0 + 8 * i, 8);  // one arrival per consumer warp
-    }
-    mbar_init_fence();
-  }
+  if (threadIdx.x == 0) exact_wgmma::init_ring(full0, empty0, kStages);
   __syncthreads();
   // The reordered activations come from the previous kernel (programmatic dependent launch).
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -119,15 +113,10 @@ __global__ void __launch_bounds__(384, 1) nvfp4_exact_wgmma_kernel(const __grid_
       // blocks past the matrix arrive as zeros and are never stored).
       constexpr uint32_t tx = kXTile + kWStage + kSStage;
       const uint8_t* xt = p.xp + (int64_t(tt) * p.gchunks + int64_t(grp) * p.chunks) * kXTile;
-      for (int c = 0; c < p.chunks; ++c) {
-        const int st = c % kStages;
-        const uint32_t full = full0 + 8 * st;
-        mbar_wait(empty0 + 8 * st, (uint32_t(c / kStages) & 1u) ^ 1u);
-        mbar_expect_tx(full, tx);
-        bulk_load(sbase + kXOff + st * kXTile, xt + int64_t(c) * kXTile, kXTile, full);
+      exact_wgmma::produce(p.chunks, kStages, full0, empty0, tx, sbase + kXOff, xt, [&](int c, int st, uint32_t full) {
         tma_load_2d(sbase + kWOff + st * kWStage, &wmap, c * 128, rb0, full);
         tma_load_2d(sbase + kSOff + st * kSStage, &smap, c * 16, rb0, full);
-      }
+      });
     }
     return;
   }
@@ -169,12 +158,8 @@ __global__ void __launch_bounds__(384, 1) nvfp4_exact_wgmma_kernel(const __grid_
 #pragma unroll
     for (int kw = 0; kw < 4; ++kw) fence_regs(acc[kw]);
     if (prev_st >= 0 && lane == 0) mbar_arrive(empty0 + 8 * prev_st);
-    // The decode kernel's reduction: warps (w0 + w1) + (w2 + w3), splits 0 + v0 + v1 + ... (splitk_combine).
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const float v = (acc[0][i] + acc[1][i]) + (acc[2][i] + acc[3][i]);
-      tot[i] = p.ksplit == 1 ? v : (s == 0 ? 0.f : tot[i]) + v;
-    }
+    for (int i = 0; i < 32; ++i) tot[i] = exact_wgmma::add_split(tot[i], exact_wgmma::chains_sum(acc, i), s, p.ksplit);
   }
   if (!present) return;
   exact_wgmma::store_fragment(tot, tt * kToks, (rb0 + rb) * 16 + g, t, p.M, p.N, p.y, p.ldy, p.y_bf16 != 0,
