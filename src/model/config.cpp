@@ -224,7 +224,10 @@ Config config_from_json(const json& j, const std::string& src) {
       int64_t v = 0;
       if (!json_int_in(x, 0, 1 << 16, &v))
         fail("{}: compress_ratios[{}] = {} is out of range [0, 65536]", src, i, x.dump());
-      if (i >= c.num_layers) continue;
+      if (i >= c.num_layers) {
+        c.mtp_ratios.push_back(v);
+        continue;
+      }
       c.attn_kinds.push_back(v == 0 ? AttnKind::SLIDING : v == 4 ? AttnKind::CSA : AttnKind::HCA);
       c.layer_ratios.push_back(v);
       if (c.attn_kinds.back() == AttnKind::HCA && !hca_seen) c.hca_ratio = v, hca_seen = true;

@@ -60,6 +60,7 @@ struct Config {
   RopeConfig rope_main, rope_compress;
   int64_t max_position_embeddings = 0;
   int64_t num_nextn_predict_layers = 0;
+  std::vector<int64_t> mtp_ratios;  // compress ratio of each MTP block (compress_ratios' trailing entries; 0 if absent)
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
   bool tie_word_embeddings = false;

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/weights.h"
 #include "quant/validate.h"
 
 namespace cm {
@@ -117,6 +118,7 @@ nlohmann::json inspect_checkpoint(const std::string& dir, const LinearLoadOption
   r["nvfp4_params"] = nvfp4_params;
   r["nvfp4_coverage"] = linear_params ? double(nvfp4_params) / double(linear_params) : 0.0;
   r["total_bytes"] = store.total_bytes();
+  r["mtp_blocks"] = checkpoint_mtp_blocks(store);
   std::vector<std::string> v = validate_checkpoint(store, opt);
   problems.insert(problems.end(), v.begin(), v.end());
   if (r.contains("config")) {
@@ -163,6 +165,10 @@ std::string inspect_text(const nlohmann::json& r) {
   o += fmt::format("\nNVFP4 coverage: {:.2f}% of {} linear parameters ({} NVFP4)\n",
                    100.0 * r["nvfp4_coverage"].get<double>(), r["linear_params"].get<int64_t>(),
                    r["nvfp4_params"].get<int64_t>());
+  if (r.contains("mtp_blocks"))
+    o += fmt::format("MTP blocks stored: {}{}\n", r["mtp_blocks"].get<int64_t>(),
+                     r.contains("config") ? fmt::format(" (the config names {})", r["config"]["mtp_layers"].get<int64_t>())
+                                          : std::string());
   o += fmt::format("total size: {} bytes ({:.3f} GiB)\n", r["total_bytes"].get<size_t>(),
                    double(r["total_bytes"].get<size_t>()) / double(1ull << 30));
   const auto& p = r["problems"];

@@ -133,11 +133,12 @@ struct Loader {
 
   // The config's layer kind against the checkpoint: compressor tensors exactly
   // on compressed (CSA/HCA) layers, indexer tensors exactly on CSA layers.
-  void check_layer_kind(int64_t L, AttnKind kind, int64_t ratio) const {
-    const std::string p = "layers." + std::to_string(L) + ".attn.";
+  // lp: the block's key prefix ("layers.3", "mtp.0"); label: how errors name it ("layer 3").
+  void check_layer_kind(const std::string& lp, const std::string& label, AttnKind kind, int64_t ratio) const {
+    const std::string p = lp + ".attn.";
     const std::string* comp = first_with_prefix(key(p + "compressor."));
     const std::string* ix = first_with_prefix(key(p + "indexer."));
-    const std::string what = fmt::format("layer {}: compress_ratio {} in the config makes it {}", L, ratio,
+    const std::string what = fmt::format("{}: compress_ratio {} in the config makes it {}", label, ratio,
                                          kind == AttnKind::SLIDING ? "sliding-window only"
                                          : kind == AttnKind::CSA   ? "CSA (compressor + indexer)"
                                                                    : "HCA (compressor, no indexer)");
@@ -151,9 +152,15 @@ struct Loader {
   }
 
   LayerWeights layer(int64_t L) const {
+    return block("layers." + std::to_string(L), "layer " + std::to_string(L), cfg.attn_kinds[size_t(L)], cfg.ratio(L),
+                 cfg.moe_kinds[size_t(L)]);
+  }
+
+  // A block's weights under key prefix p (a main layer or an MTP block's; errors call it `label`), of the
+  // given attention kind, compress ratio and routing.
+  LayerWeights block(const std::string& p, const std::string& label, AttnKind kind, int64_t m, MoeKind moe) const {
     const Config& c = cfg;
     const int64_t D = c.hidden_size, hd = c.head_dim, H = c.num_heads, hc = c.hc_mult;
-    const std::string p = "layers." + std::to_string(L);
     LayerWeights w;
     w.hc_attn = hc_weights(p + ".hc_attn", (2 + hc) * hc);
     w.hc_ffn = hc_weights(p + ".hc_ffn", (2 + hc) * hc);
@@ -167,9 +174,7 @@ struct Loader {
     w.wo_a = linear(p + ".attn.wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups);
     w.wo_b = linear(p + ".attn.wo_b", D, c.o_groups * c.o_lora_rank);
     w.sinks = floats(p + ".attn.attn_sink", {H});
-    const AttnKind kind = c.attn_kinds[size_t(L)];
-    const int64_t m = c.ratio(L);
-    check_layer_kind(L, kind, m);
+    check_layer_kind(p, label, kind, m);
     try {
       if (kind != AttnKind::SLIDING) {
         const int64_t cc = kind == AttnKind::CSA ? 2 : 1;
@@ -183,16 +188,37 @@ struct Loader {
         w.indexer = std::move(ix);
       }
     } catch (const Error& e) {
-      fail("layer {} ({}, compress ratio {} in the config): {}", L, attn_kind_name(kind), m, e.what());
+      fail("{} ({}, compress ratio {} in the config): {}", label, attn_kind_name(kind), m, e.what());
     }
     w.gate = linear(p + ".ffn.gate", c.n_routed_experts, D);
-    if (c.moe_kinds[size_t(L)] == MoeKind::HASH) w.tid2eid = tid2eid(p + ".ffn.gate.tid2eid");
+    if (moe == MoeKind::HASH) w.tid2eid = tid2eid(p + ".ffn.gate.tid2eid");
     else w.gate_bias = floats(p + ".ffn.gate.bias", {c.n_routed_experts});
     const auto [e0, e1] = expert_bounds(opt.experts, c.n_routed_experts);
     w.experts.resize(size_t(c.n_routed_experts));
     for (int64_t e = e0; e < e1; ++e) w.experts[size_t(e)] = expert(p + ".ffn.experts." + std::to_string(e));
     w.has_shared = c.n_shared_experts > 0;
     if (w.has_shared) w.shared = expert(p + ".ffn.shared_experts");
+    return w;
+  }
+
+  // MTP block i (spec §8): sliding window only, score-routed (its layer id is past the hash layers).
+  MtpWeights mtp(int64_t i) const {
+    const int64_t D = cfg.hidden_size, hc = cfg.hc_mult;
+    const std::string p = "mtp." + std::to_string(i);
+    const int64_t ratio = size_t(i) < cfg.mtp_ratios.size() ? cfg.mtp_ratios[size_t(i)] : 0;
+    if (ratio != 0)
+      fail("{}: compress_ratio {} in the config; MTP blocks with a compressor are not supported (V4's are 0)", p,
+           ratio);
+    MtpWeights w;
+    w.e_proj = linear(p + ".e_proj", D, D);
+    w.h_proj = linear(p + ".h_proj", D, D);
+    w.enorm = floats(p + ".enorm.weight", {D});
+    w.hnorm = floats(p + ".hnorm.weight", {D});
+    w.norm = floats(p + ".norm.weight", {D});
+    w.hc_head_fn = floats(p + ".hc_head_fn", {hc, hc * D});
+    w.hc_head_base = floats(p + ".hc_head_base", {hc});
+    w.hc_head_scale = floats(p + ".hc_head_scale", {1});
+    w.block = block(p, "MTP block " + std::to_string(i), AttnKind::SLIDING, 0, MoeKind::SCORE);
     return w;
   }
 };
@@ -215,6 +241,19 @@ LinearWeight linear_view(const LinearWeight& w) {
 
 }  // namespace
 
+int64_t checkpoint_mtp_blocks(const TensorStore& store) {
+  int64_t n = 0;
+  for (;; ++n) {
+    bool any = false;
+    for (const char* pre : {"mtp.", "model.mtp."}) {
+      const std::string prefix = pre + std::to_string(n) + ".";
+      auto it = store.all().lower_bound(prefix);
+      any = any || (it != store.all().end() && it->first.compare(0, prefix.size(), prefix) == 0);
+    }
+    if (!any) return n;
+  }
+}
+
 std::pair<int64_t, int64_t> expert_bounds(const ExpertRange& r, int64_t E) {
   if (r.count < 0 && r.first == 0) return {0, E};
   if (r.first < 0 || r.count < 0 || r.first + r.count > E)
@@ -231,7 +270,8 @@ Weights weights_load(const TensorStore& store, const Config& cfg, const LoadOpti
   for (auto& [name, t] : store.all()) {
     (void)t;
     bool hf_name = name.rfind("model.", 0) == 0;
-    bool rel_name = name.rfind("layers.", 0) == 0 || name == "norm.weight" || name.rfind("hc_head_", 0) == 0;
+    bool rel_name = name.rfind("layers.", 0) == 0 || name.rfind("mtp.", 0) == 0 || name == "norm.weight" ||
+                    name.rfind("hc_head_", 0) == 0;
     if ((spelling == "release" && hf_name) || (spelling == "transformers" && rel_name))
       fail("checkpoint mixes key spellings: '{}' does not use the {} spelling of the rest", name, spelling);
   }
@@ -249,6 +289,15 @@ Weights weights_load(const TensorStore& store, const Config& cfg, const LoadOpti
   w.hc_head_scale = ld.floats("hc_head_scale", {1});
   w.layers.reserve(size_t(cfg.num_layers));
   for (int64_t L = 0; L < cfg.num_layers; ++L) w.layers.push_back(ld.layer(L));
+  if (opt.mtp) {
+    const int64_t have = checkpoint_mtp_blocks(store);
+    if (cfg.num_nextn_predict_layers == 0)
+      fail("MTP asked for, but the config has num_nextn_predict_layers = 0 (no MTP block)");
+    if (have == 0)
+      fail("MTP asked for, but the checkpoint has no MTP weights (no '{}' tensors; its config names {} block(s))",
+           ld.key("mtp.0.*"), cfg.num_nextn_predict_layers);
+    for (int64_t i = 0; i < cfg.num_nextn_predict_layers; ++i) w.mtp.push_back(ld.mtp(i));
+  }
   return w;
 }
 

@@ -68,6 +68,21 @@ struct LayerWeights {
   bool has_shared = false;
 };
 
+// One MTP block (spec §8, `mtp.{i}.*`): the next token's embedding and the main model's last hidden
+// streams in, one sliding-window, score-routed block, its own HC head and norm out; the embedding and
+// the head are the main model's.
+struct MtpWeights {
+  LinearWeight e_proj;               // mtp.i.e_proj   [D, D]
+  LinearWeight h_proj;               // mtp.i.h_proj   [D, D]
+  std::vector<float> enorm;          // mtp.i.enorm.weight [D]
+  std::vector<float> hnorm;          // mtp.i.hnorm.weight [D]
+  std::vector<float> norm;           // mtp.i.norm.weight  [D]
+  std::vector<float> hc_head_fn;     // mtp.i.hc_head_fn    [hc, hc·D]
+  std::vector<float> hc_head_base;   // mtp.i.hc_head_base  [hc]
+  std::vector<float> hc_head_scale;  // mtp.i.hc_head_scale [1]
+  LayerWeights block;                // mtp.i.<a layer's keys>: no compressor, gate with bias
+};
+
 struct Weights {
   LinearWeight embed;             // embed.weight [vocab, D]  (rows expanded on lookup)
   LinearWeight head;              // head.weight  [vocab, D]
@@ -76,6 +91,7 @@ struct Weights {
   std::vector<float> hc_head_base;   // hc_head_base  [hc]
   std::vector<float> hc_head_scale;  // hc_head_scale [1]
   std::vector<LayerWeights> layers;
+  std::vector<MtpWeights> mtp;    // the MTP blocks, loaded only with LoadOptions::mtp (else empty)
   std::string spelling;  // "release" or "transformers" (key spelling of the checkpoint)
   int64_t experts_first = 0, experts_end = 0;  // the routed experts loaded: [first, end)
 };
@@ -91,6 +107,9 @@ struct LoadOptions {
   // Expert parallelism: only these routed experts are loaded and validated; the
   // others' tensors are never read (their LinearWeight stays empty).
   ExpertRange experts;
+  // Load and validate the checkpoint's MTP blocks (all num_nextn_predict_layers of them); an error
+  // naming what is missing when the checkpoint or its config has none.
+  bool mtp = false;
 };
 
 // The [first, end) a range means for a model of E routed experts (errors name the range).
@@ -98,6 +117,10 @@ std::pair<int64_t, int64_t> expert_bounds(const ExpertRange& r, int64_t E);
 
 // Loads and validates every tensor; errors name the tensor and expected shape.
 Weights weights_load(const TensorStore& store, const Config& cfg, const LoadOptions& opt = {});
+
+// How many MTP blocks the checkpoint stores (the i with any `mtp.{i}.` tensor, in either spelling,
+// counted from 0 while they are consecutive).
+int64_t checkpoint_mtp_blocks(const TensorStore& store);
 
 // The checkpoint key of a release-spelled name in the given key spelling
 // (one explicit table, spec §15.5).

@@ -1,0 +1,192 @@
+// Loading the MTP blocks (spec §8, `mtp.{i}.*`): shapes and formats checked like a layer's, a checkpoint
+// without them still loads, and asking for MTP where there is none (or where a piece is missing or
+// misshaped) is an error that names the problem.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/numeric.h"
+#include "io/safetensors.h"
+#include "model/inspect.h"
+#include "model/model.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace cm;
+using cm::test::error_of;
+using json = nlohmann::json;
+
+namespace {
+
+// A release-spelled fixture: 4 layers (ratios 0, 4, 128, 4; layer 0 sliding-window), 1 MTP entry.
+const std::string kRelease = std::string(CLAWMINE_TEST_DATA) + "/golden/release_real_ratios";
+
+json release_config() { return json::parse(std::ifstream(kRelease + "/config.json")); }
+
+int64_t hidden_of(const json& cfg) {
+  return cfg.contains("dim") ? cfg["dim"].get<int64_t>() : cfg["hidden_size"].get<int64_t>();
+}
+
+std::vector<TensorData> release_tensors() {
+  TensorStore s = TensorStore::open_dir(kRelease);
+  std::vector<TensorData> ts;
+  for (auto& [name, v] : s.all()) {
+    TensorData t;
+    t.name = name;
+    t.dtype = v->dtype;
+    t.shape = v->shape;
+    t.bytes.assign(v->data, v->data + v->nbytes);
+    ts.push_back(std::move(t));
+  }
+  return ts;
+}
+
+const TensorData& find(const std::vector<TensorData>& ts, const std::string& name) {
+  for (const auto& t : ts)
+    if (t.name == name) return t;
+  throw std::runtime_error("fixture lacks " + name);
+}
+
+TensorData copy_as(const TensorData& t, const std::string& name) {
+  TensorData c = t;
+  c.name = name;
+  return c;
+}
+
+TensorData bf16_matrix(const std::string& name, int64_t rows, int64_t cols, uint32_t seed) {
+  TensorData t;
+  t.name = name;
+  t.dtype = DType::BF16;
+  t.shape = {rows, cols};
+  t.bytes.resize(size_t(rows * cols) * 2);
+  uint32_t s = seed;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    s = s * 1664525u + 1013904223u;
+    const uint16_t b = f32_to_bf16(float(int32_t(s >> 8) - (1 << 23)) / float(1 << 23) * 0.05f);
+    t.bytes[size_t(2 * i)] = uint8_t(b & 0xFF);
+    t.bytes[size_t(2 * i + 1)] = uint8_t(b >> 8);
+  }
+  return t;
+}
+
+// The fixture plus an MTP block built from its pieces: layer 0's sliding-window attention and experts,
+// layer 3's score-routing bias, BF16 e_proj/h_proj, the final norm and HC head as the MTP's own.
+std::vector<TensorData> with_mtp_block(const std::vector<TensorData>& ts, int64_t D) {
+  std::vector<TensorData> out = ts;
+  for (const auto& t : ts) {
+    if (t.name.rfind("layers.0.", 0) != 0 || t.name == "layers.0.ffn.gate.tid2eid") continue;
+    out.push_back(copy_as(t, "mtp.0." + t.name.substr(9)));
+  }
+  out.push_back(copy_as(find(ts, "layers.3.ffn.gate.bias"), "mtp.0.ffn.gate.bias"));
+  out.push_back(bf16_matrix("mtp.0.e_proj.weight", D, D, 1));
+  out.push_back(bf16_matrix("mtp.0.h_proj.weight", D, D, 2));
+  for (const char* n : {"enorm", "hnorm", "norm"})
+    out.push_back(copy_as(find(ts, "norm.weight"), std::string("mtp.0.") + n + ".weight"));
+  for (const char* n : {"fn", "base", "scale"})
+    out.push_back(copy_as(find(ts, std::string("hc_head_") + n), std::string("mtp.0.hc_head_") + n));
+  return out;
+}
+
+std::string write_checkpoint(const std::string& tag, const std::vector<TensorData>& ts, const json& cfg) {
+  fs::path d = fs::temp_directory_path() / ("cm_mtp_" + std::to_string(::getpid()) + "_" + tag);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  write_safetensors((d / "model.safetensors").string(), ts);
+  std::ofstream(d / "config.json") << cfg.dump();
+  return d.string();
+}
+
+LoadOptions with_mtp() {
+  LoadOptions o;
+  o.mtp = true;
+  return o;
+}
+
+}  // namespace
+
+TEST(MtpWeights, LoadsTheBlockWithItsShapes) {
+  const json cfg = release_config();
+  const int64_t D = hidden_of(cfg);
+  const std::vector<TensorData> ts = with_mtp_block(release_tensors(), D);
+  const std::string d = write_checkpoint("ok", ts, cfg);
+  auto m = model_load(d, with_mtp());
+  ASSERT_EQ(m->weights.mtp.size(), 1u);
+  EXPECT_EQ(checkpoint_mtp_blocks(m->store), 1);
+  const MtpWeights& w = m->weights.mtp[0];
+  const Config& c = m->config;
+  EXPECT_EQ(w.e_proj.out_features, D);
+  EXPECT_EQ(w.e_proj.in_features, D);
+  EXPECT_EQ(w.h_proj.out_features, D);
+  EXPECT_EQ(w.enorm.size(), size_t(D));
+  EXPECT_EQ(w.hc_head_fn.size(), size_t(c.hc_mult * c.hc_mult * D));
+  EXPECT_EQ(w.hc_head_base.size(), size_t(c.hc_mult));
+  EXPECT_EQ(w.block.compressor, nullptr);
+  EXPECT_EQ(w.block.indexer, nullptr);
+  EXPECT_TRUE(w.block.tid2eid.empty());
+  ASSERT_EQ(w.block.gate_bias.size(), size_t(c.n_routed_experts));
+  // The values are the checkpoint's: the bias is layer 3's, the MTP norm the final norm.
+  EXPECT_EQ(w.block.gate_bias, m->weights.layers[3].gate_bias);
+  EXPECT_EQ(w.norm, m->weights.norm);
+  EXPECT_EQ(w.block.experts.size(), size_t(c.n_routed_experts));
+  // inspect counts the stored blocks and finds nothing wrong with them.
+  const json r = inspect_checkpoint(d, {});
+  EXPECT_EQ(r["mtp_blocks"].get<int64_t>(), 1);
+  EXPECT_TRUE(r["problems"].empty()) << r["problems"].dump();
+  EXPECT_NE(inspect_text(r).find("MTP blocks stored: 1 (the config names 1)"), std::string::npos) << inspect_text(r);
+  // Without the option the same checkpoint loads and reads no MTP tensor.
+  auto plain = model_load(d);
+  EXPECT_TRUE(plain->weights.mtp.empty());
+}
+
+TEST(MtpWeights, ACheckpointWithoutThemLoadsButMtpIsRefused) {
+  const json cfg = release_config();
+  const std::string d = write_checkpoint("none", release_tensors(), cfg);
+  EXPECT_EQ(model_load(d)->weights.mtp.size(), 0u);
+  const std::string e = error_of([&] { model_load(d, with_mtp()); });
+  EXPECT_NE(e.find("the checkpoint has no MTP weights (no 'mtp.0.*' tensors"), std::string::npos) << e;
+  json c0 = cfg;
+  c0["num_nextn_predict_layers"] = 0;
+  c0["compress_ratios"] = json::array({0, 4, 128, 4});
+  const std::string d0 = write_checkpoint("none0", release_tensors(), c0);
+  const std::string e0 = error_of([&] { model_load(d0, with_mtp()); });
+  EXPECT_NE(e0.find("num_nextn_predict_layers = 0"), std::string::npos) << e0;
+}
+
+TEST(MtpWeights, MissingMisshapedAndCompressedBlocksAreNamed) {
+  const json cfg = release_config();
+  const int64_t D = hidden_of(cfg);
+  const std::vector<TensorData> full = with_mtp_block(release_tensors(), D);
+  std::vector<TensorData> ts = full;
+  std::erase_if(ts, [](const TensorData& t) { return t.name == "mtp.0.h_proj.weight"; });
+  std::string e = error_of([&] { model_load(write_checkpoint("miss", ts, cfg), with_mtp()); });
+  EXPECT_NE(e.find("mtp.0.h_proj"), std::string::npos) << e;
+  ts = full;
+  std::erase_if(ts, [](const TensorData& t) { return t.name == "mtp.0.ffn.gate.bias"; });
+  e = error_of([&] { model_load(write_checkpoint("bias", ts, cfg), with_mtp()); });
+  EXPECT_NE(e.find("missing tensor 'mtp.0.ffn.gate.bias'"), std::string::npos) << e;
+  ts = full;
+  for (auto& t : ts)
+    if (t.name == "mtp.0.hc_head_base") t = copy_as(find(full, "mtp.0.enorm.weight"), t.name);  // [D], not [hc]
+  e = error_of([&] { model_load(write_checkpoint("shape", ts, cfg), with_mtp()); });
+  EXPECT_NE(e.find("tensor 'mtp.0.hc_head_base' has shape"), std::string::npos) << e;
+  // An MTP block with compressor tensors where V4's is sliding-window only.
+  ts = full;
+  for (const auto& t : full)
+    if (t.name.rfind("layers.2.attn.compressor.", 0) == 0) ts.push_back(copy_as(t, "mtp.0." + t.name.substr(9)));
+  e = error_of([&] { model_load(write_checkpoint("comp", ts, cfg), with_mtp()); });
+  EXPECT_NE(e.find("MTP block 0: compress_ratio 0 in the config makes it sliding-window only, but the checkpoint has "
+                   "compressor tensors ('mtp.0.attn.compressor."),
+            std::string::npos)
+      << e;
+  json c4 = cfg;
+  c4["compress_ratios"][4] = 4;
+  e = error_of([&] { model_load(write_checkpoint("ratio", full, c4), with_mtp()); });
+  EXPECT_NE(e.find("mtp.0: compress_ratio 4 in the config; MTP blocks with a compressor are not supported"),
+            std::string::npos)
+      << e;
+}
