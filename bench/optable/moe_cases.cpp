@@ -37,7 +37,10 @@ const char* route_name(Route r) {
   return "?";
 }
 const char* path_name(cuda::MoePath p) {
-  return p == cuda::MoePath::decode ? "decode" : p == cuda::MoePath::prefill ? "prefill" : "auto";
+  return p == cuda::MoePath::decode        ? "decode"
+         : p == cuda::MoePath::prefill     ? "prefill"
+         : p == cuda::MoePath::prefill_mma ? "prefillmma"
+                                           : "auto";
 }
 
 struct Spec {
@@ -177,9 +180,13 @@ class MoeRun : public OpRun {
   double bytes() const override { return weight_bytes() + double(s_.T) * double(s_.hidden) * (2 + 4); }
   double flops() const override { return 2.0 * 3 * double(s_.T) * s_.topk * double(s_.hidden * s_.inter); }
   std::string path() const override {
-    const bool prefill = s_.path == cuda::MoePath::prefill ||
+    const bool mma = s_.path == cuda::MoePath::prefill_mma;
+    const bool prefill = s_.path == cuda::MoePath::prefill || mma ||
                          (s_.path == cuda::MoePath::automatic && s_.T >= cuda::kMoePrefillMinTokens);
-    return std::string(prefill ? "route + prefill gate/up + down" : "route + gate/up + down") + " (" +
+    return std::string(!prefill ? "route + gate/up + down"
+                       : mma    ? "route + mma.sync prefill gate/up + down"
+                                : "route + wgmma prefill gate/up + down") +
+           " (" +
            std::to_string(int64_t(touched_ + 0.5)) + " experts touched)";
   }
 
@@ -224,6 +231,8 @@ class MoeRun : public OpRun {
       const std::vector<float> pf = s_.path == cuda::MoePath::prefill ? y : call(ctx, c, 0, T, cuda::MoePath::prefill);
       const size_t n = pf.size() * 4;
       c.same_bits(pf.data(), call(ctx, c, 0, T, cuda::MoePath::decode).data(), n, "prefill vs decode kernels");
+      c.same_bits(pf.data(), call(ctx, c, 0, T, cuda::MoePath::prefill_mma).data(), n,
+                  "prefill vs the mma.sync prefill kernels");
       c.same_bits(pf.data(), call(ctx, c, 0, T, cuda::MoePath::prefill).data(), n, "prefill vs a second prefill");
       c.same_bits(pf.data(), call(ctx, c, 0, T, cuda::MoePath::automatic).data(), n, "prefill vs the automatic path");
     }
@@ -418,11 +427,20 @@ void add_moe_cases(std::vector<OpCase>& out) {
   L.invariant = false;
   L.route = Route::Distinct;
   for (int T : {1, 16, 256})
-    for (cuda::MoePath p : {cuda::MoePath::decode, cuda::MoePath::prefill}) {
+    for (cuda::MoePath p : {cuda::MoePath::decode, cuda::MoePath::prefill, cuda::MoePath::prefill_mma}) {
       L.T = T;
       L.path = p;
       add(out, L, true);
     }
+  // the prefill kernels at prefill sizes (bench only: the bits are checked above)
+  for (int T : {2048, 8192})
+    for (cuda::MoePath p : {cuda::MoePath::prefill, cuda::MoePath::prefill_mma}) {
+      L.T = T;
+      L.path = p;
+      L.bits = false;
+      add(out, L, true, true);
+    }
+  L.bits = true;
   // ---- MXFP4 experts (the release format, repacked): automatic path and the prefill kernels ----
   Spec m;
   m.experts = Experts::Mxfp4;

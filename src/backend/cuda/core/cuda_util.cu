@@ -87,6 +87,7 @@ Context::Context(int device, bool pdl, size_t panel_bytes) : device_(device), pd
   setup_fp8_decode_kernels(setup_);
   setup_wgmma_kernels();
   setup_moe_kernels();
+  moe::setup_moe_wgmma_kernels();
   setup_nvfp4_prefill_kernels();
   setup_nvfp4_exact_wgmma_kernels();
   setup_fp8_exact_wgmma_kernels();

@@ -21,9 +21,13 @@ void setup_fp8_prefill_kernels();
 void setup_wgmma_kernels();
 // Raises the dynamic shared-memory limit of the MoE prefill kernels (sm90_nvfp4_moe.cu).
 void setup_moe_kernels();
+// The wgmma MoE prefill kernels' shared-memory limits (moe/sm90_nvfp4_moe_wgmma.cu).
+namespace moe {
+void setup_moe_wgmma_kernels();
+}
 // Raises the dynamic shared-memory limit of the NVFP4 prefill kernel (sm90_nvfp4_prefill.cu).
 void setup_nvfp4_prefill_kernels();
-// Raises the shared-memory and cluster-size limits of the exact wgmma kernel (sm90_nvfp4_exact_wgmma.cu).
+// Raises the shared-memory limit of the exact wgmma kernel (sm90_nvfp4_exact_wgmma.cu).
 void setup_nvfp4_exact_wgmma_kernels();
 // The same for the FP8 one (sm90_fp8_exact_wgmma.cu).
 void setup_fp8_exact_wgmma_kernels();

@@ -11,9 +11,10 @@
 // Experts [first, first+count) live on this device; ids outside contribute nothing.
 // Prefill (T >= kMoePrefillMinTokens) swaps the gate/up and down kernels for
 // tiled ones that read each expert's weights once per 64 routed tokens
-// instead of once per 16; they compute every output element with the same
+// instead of once per 16 (wgmma, sm90_nvfp4_moe_wgmma.cu; mma.sync,
+// sm90_nvfp4_moe.cu); they compute every output element with the same
 // operation sequence as the decode kernels, so a token's bits do not depend
-// on the path or on the batch (see sm90_nvfp4_moe.cu).
+// on the path or on the batch.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -44,6 +45,7 @@ DeviceExperts random_experts(int64_t hidden, int64_t inter, int first, int count
 struct MoeScratch {
   int max_tokens = 0, topk = 0, max_tiles = 0;
   DeviceBuffer offsets, active, sorted_tok, sorted_w, h, yk, tiles;
+  DeviceBuffer xq;  // bf16 [max_tokens, hidden]: x in the decode k order (the wgmma prefill)
   MoeScratch(const DeviceExperts& e, int max_tokens, int topk);
 };
 
@@ -56,8 +58,9 @@ struct MoeScratch {
 inline constexpr int kMoePrefillMinTokens = 512;
 
 // Which kernels run: automatic picks by T (above); tests force one path to
-// compare the two bit for bit.
-enum class MoePath { automatic, decode, prefill };
+// compare them bit for bit. prefill: the wgmma kernels (sm90_nvfp4_moe_wgmma.cu) where they take the
+// experts, else the mma.sync ones; prefill_mma: the mma.sync prefill kernels.
+enum class MoePath { automatic, decode, prefill, prefill_mma };
 
 // x: bf16 [T, hidden]; ids: int32 [T, topk] global expert ids; weights: f32 [T, topk];
 // y: f32 [T, hidden] (overwritten). All device pointers.

@@ -43,6 +43,7 @@
 
 #include "backend/cuda/linear/linear.h"
 #include "backend/cuda/moe/moe.h"
+#include "backend/cuda/moe/moe_params.cuh"
 #include "backend/cuda/core/kernel_setup.h"
 #include "backend/cuda/linear/nvfp4_pack.h"
 #include "backend/cuda/core/ops_device.cuh"
@@ -52,30 +53,14 @@ namespace cm::cuda {
 
 namespace {
 
-struct MoeParams {
-  const uint4 *w1, *w3, *w2;
-  const uint16_t *s1, *s3, *s2;
-  const float* scale2;
-  int64_t stride13, stride2;  // uint4 per expert (u16 scale stride is the same number)
-  int hidden, inter, ch13, ch2, count;
-  float limit;
-  const __nv_bfloat16* x;
-  int T, topk, first;
-  const int32_t* ids;
-  const float* weights;
-  int* offsets;  // [count + 2]: offsets[e], offsets[count] = total, offsets[count+1] = active count
-  int* active;   // [count]
-  int* sorted_tok;   // the (token, k) slot t·topk + k of each expert-major row
-  float* sorted_w;
-  __nv_bfloat16* h;  // [T*topk, inter]
-  float* yk;         // [T*topk, hidden]: one row per (token, k)
-  float* y;          // [T, hidden]
-  int* tiles;        // prefill: [0] = tile count, then (expert, first row in its list) pairs; null: not listed
-};
+using moe::kPfTile;
+using moe::MoeParams;
+using moe::swiglu_h;
+
 
 // Prefill tiling (see the top of the file).
 constexpr int kPfMT = 8;                          // 8 groups of 8 tokens per tile
-constexpr int kPfTile = 8 * kPfMT;                // tokens per tile
+static_assert(kPfTile == 8 * kPfMT, "tokens per tile");
 constexpr int kPfRB = 4;                          // warp groups per CTA (one or two 16-row blocks each)
 constexpr int kPfWarps = 4 * kPfRB;               // 4 K-split warps per group
 constexpr int kPfThreads = 32 * kPfWarps;
@@ -89,14 +74,6 @@ constexpr size_t kPfSmem = size_t(kPfBufs) * kPfBufBytes;
 static_assert(kPfSmem >= size_t(kPfRB) * 4 * kPfTile * 16 * 4, "the reduce area reuses the stage buffers");
 static_assert(kPfBufBytes % 16 == 0 && kPfXBytes % 16 == 0, "16-byte cp.async alignment");
 
-// h of one (token, k) element from the reduced gate and up sums. Not inlined:
-// the decode and prefill kernels run the very same instructions (no
-// contraction or reordering that could differ between the two call sites).
-__device__ __noinline__ float swiglu_h(float gsum, float usum, float sc_g, float sc_u, float limit, float w) {
-  const float gg = fminf(gsum * sc_g, limit);
-  const float uu = fminf(fmaxf(usum * sc_u, -limit), limit);
-  return gg / (1.0f + expf(-gg)) * uu * w;
-}
 
 __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeParams p) {
   // PDL: wait for the kernel that produced ids/weights (and for the previous
@@ -476,6 +453,7 @@ MoeScratch::MoeScratch(const DeviceExperts& e, int max_tokens_, int topk_) : max
   sorted_tok.alloc(slots * 4);
   sorted_w.alloc(slots * 4);
   h.alloc(slots * size_t(e.inter) * 2);
+  xq.alloc(size_t(max_tokens) * size_t(e.hidden) * 2);
   yk.alloc(slots * size_t(e.hidden) * 4);
   // An expert with c tokens has ceil(c/64) <= c/64 + 1 tiles: at most
   // slots/64 + (active experts) in all.
@@ -524,18 +502,23 @@ void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16
   p.h = s.h.as<__nv_bfloat16>();
   p.yk = s.yk.as<float>();
   p.y = y;
-  const bool prefill = path == MoePath::prefill || (path == MoePath::automatic && T >= kMoePrefillMinTokens);
+  const bool prefill = path == MoePath::prefill || path == MoePath::prefill_mma ||
+                       (path == MoePath::automatic && T >= kMoePrefillMinTokens);
   if (prefill) p.tiles = s.tiles.as<int>();
   launch_kernel(ctx, moe_route_kernel, dim3(1), dim3(1024), 0, "moe_route_kernel", p);
   const int64_t slots = int64_t(T) * s.topk;
   if (prefill) {
     // The scratch's bound on this step's tiles: slots/64 + min(count, slots).
     const unsigned tiles = unsigned(slots / kPfTile + std::min<int64_t>(slots, e.count));
-    launch_kernel(ctx, moe_prefill_kernel<true>, dim3(unsigned(e.inter / 16 / kPfRB), tiles), dim3(kPfThreads),
-                  kPfSmem, "moe_prefill_gate_up_kernel", p);
-    const unsigned down_groups = unsigned((e.hidden / 16 + 2 * kPfRB - 1) / (2 * kPfRB));  // 2 row blocks per warp
-    launch_kernel(ctx, moe_prefill_kernel<false>, dim3(down_groups, tiles), dim3(kPfThreads), kPfSmem,
-                  "moe_prefill_down_kernel", p);
+    if (path != MoePath::prefill_mma && moe::wgmma_unsupported(e) == nullptr) {
+      moe::prefill_wgmma(ctx, e, s, p, tiles);
+    } else {
+      launch_kernel(ctx, moe_prefill_kernel<true>, dim3(unsigned(e.inter / 16 / kPfRB), tiles), dim3(kPfThreads),
+                    kPfSmem, "moe_prefill_gate_up_kernel", p);
+      const unsigned down_groups = unsigned((e.hidden / 16 + 2 * kPfRB - 1) / (2 * kPfRB));  // 2 row blocks per warp
+      launch_kernel(ctx, moe_prefill_kernel<false>, dim3(down_groups, tiles), dim3(kPfThreads), kPfSmem,
+                    "moe_prefill_down_kernel", p);
+    }
   } else {
     const unsigned max_active = unsigned(std::min<int64_t>(slots, e.count));
     const dim3 g1(unsigned(e.inter / 16), max_active), g2(unsigned(e.hidden / 16), max_active);
