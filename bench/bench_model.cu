@@ -85,7 +85,7 @@ size_t act_bytes_per_row(const Config& c, int64_t max_ctx) {
   const int64_t K = c.n_experts_per_tok;
   const int64_t per = c.vocab_size * 4 + 2 * hc * D * 4 + 8 * D * 4 + Hh * (4 + 2 + 2 + 2) + c.o_groups * c.o_lora_rank * 4 +
                       c.index_n_heads * c.index_head_dim * 6 + (max_ctx / 4) * 4 + c.n_routed_experts * 4 + 2 * I * 4 +
-                      K * (2 * I + 4 * D + 8) + (2 + 16 * c.num_layers) * 4;
+                      K * (2 * I + 4 * D + 8) + 2 * D + (2 + 16 * c.num_layers) * 4;
   return size_t(per);
 }
 

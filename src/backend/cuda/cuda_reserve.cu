@@ -82,7 +82,9 @@ void CudaBackend::reserve(const CacheShape& shape) {
   const cuda::DevLayer* packed = nullptr;
   for (const cuda::DevLayer& l : dm_->layers)
     if (l.experts) packed = &l;
-  const size_t moe_bytes = packed ? size_t(N * K) * size_t(2 * I + 4 * D + 8) + size_t(E) * 64 : 0;
+  // MoeScratch: per (token, k) h and yk rows and the lists; per token the permuted x of the wgmma prefill.
+  const size_t moe_bytes = packed ? size_t(N * K) * size_t(2 * I + 4 * D + 8) + size_t(N) * size_t(2 * D) + size_t(E) * 64
+                                  : 0;
   // The whole backend against the budget: what it holds (weights, Context) plus this reservation,
   // with 64 MiB to spare for the CUDA runtime.
   const size_t held = dm_->total_bytes + ctx_->device_bytes();

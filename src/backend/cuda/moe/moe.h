@@ -40,8 +40,8 @@ DeviceExperts upload_experts(const std::vector<const LinearWeight*>& gate, const
 DeviceExperts random_experts(int64_t hidden, int64_t inter, int first, int count, uint64_t seed);
 
 // Device scratch for up to max_tokens tokens with top-k routing
-// (max_tokens·topk·(2·inter + 4·hidden + 8) bytes, the expert lists and the
-// prefill tile list: at most max_tiles (expert, first row) pairs).
+// (max_tokens·topk·(2·inter + 4·hidden + 8) + max_tokens·2·hidden bytes, the
+// expert lists and the prefill tile list: at most max_tiles (expert, first row) pairs).
 struct MoeScratch {
   int max_tokens = 0, topk = 0, max_tiles = 0;
   DeviceBuffer offsets, active, sorted_tok, sorted_w, h, yk, tiles;
