@@ -72,7 +72,7 @@ int run(Opts& o) {
   o.eng.ctx_size = ctx;
   auto be = cm::cli::make_backend(o.eng, *m, &stats, cm::CacheShape{1, 512, 0});
   auto engine = cm::cli::make_cli_engine(*be, &tok, m->config.vocab_size, ctx,
-                                         cm::runtime::end_of_sequence_ids(m->config, &tok, gd));
+                                         cm::runtime::end_of_sequence_ids(m->config, &tok, gd), o.eng.sample_on_device);
   const auto mode = o.think ? cm::chat::Mode::Thinking : cm::chat::Mode::Chat;
   const bool tty = ::isatty(STDOUT_FILENO);
   nlohmann::ordered_json history = nlohmann::ordered_json::array();

@@ -103,7 +103,8 @@ int run(Opts& o) {
   auto be = cm::cli::make_backend(o.eng, *m, &stats, cm::CacheShape{1, 512, 0});
   if (token_mode) {
     auto engine = cm::cli::make_cli_engine(*be, nullptr, m->config.vocab_size, ctx,
-                                           cm::runtime::end_of_sequence_ids(m->config, nullptr, gd));
+                                           cm::runtime::end_of_sequence_ids(m->config, nullptr, gd),
+                                           o.eng.sample_on_device);
     req.prompt = ids;
     limit();
     cm::cli::Generation r = cm::cli::generate(*engine, req, nullptr);
@@ -117,7 +118,7 @@ int run(Opts& o) {
 
   cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
   auto engine = cm::cli::make_cli_engine(*be, &tok, m->config.vocab_size, ctx,
-                                         cm::runtime::end_of_sequence_ids(m->config, &tok, gd));
+                                         cm::runtime::end_of_sequence_ids(m->config, &tok, gd), o.eng.sample_on_device);
   const bool chat = o.chat || o.think || !o.system.empty();
   const auto mode = o.think ? cm::chat::Mode::Thinking : cm::chat::Mode::Chat;
   std::string text = prompt;

@@ -103,6 +103,7 @@ int run(Opts& o) {
   eo.max_seqs = o.max_seqs;
   eo.max_step_tokens = o.max_step_tokens;
   eo.ctx = o.ctx;
+  eo.sample_on_device = o.eng.sample_on_device;
   eo.eos_ids = cm::runtime::end_of_sequence_ids(c, &tok, cm::load_generation_config(o.eng.model));
 
   // One grammar compiler per server (structured output): the tokenizer's bytes padded to the logits

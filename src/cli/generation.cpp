@@ -8,8 +8,9 @@
 namespace cm::cli {
 
 std::unique_ptr<runtime::Engine> make_cli_engine(ModelBackend& be, const Tokenizer* tok, int64_t vocab, int64_t ctx,
-                                                 std::vector<int32_t> eos_ids) {
+                                                 std::vector<int32_t> eos_ids, bool sample_on_device) {
   runtime::EngineOptions o;
+  o.sample_on_device = sample_on_device;
   o.max_seqs = 1;
   o.max_step_tokens = 512;
   o.ctx = ctx;

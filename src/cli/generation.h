@@ -21,9 +21,10 @@ struct Generation {
   double prompt_seconds = 0, gen_seconds = 0;
 };
 
-// One slot, steps of 512 tokens, the context `ctx`; no request log lines.
+// One slot, steps of 512 tokens, the context `ctx`; no request log lines. sample_on_device:
+// runtime::EngineOptions's.
 std::unique_ptr<runtime::Engine> make_cli_engine(ModelBackend& be, const Tokenizer* tok, int64_t vocab, int64_t ctx,
-                                                 std::vector<int32_t> eos_ids);
+                                                 std::vector<int32_t> eos_ids, bool sample_on_device);
 
 // Runs the job to its end; on_text gets each released piece. A job that fails throws cm::Error.
 // max_tokens 0 generates nothing (the engine samples at least one token once the prompt is in).

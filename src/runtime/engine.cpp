@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 
 #include "common/error.h"
@@ -327,9 +328,25 @@ bool Engine::step_once() {
   b.slot = b_slot_.data();
   b.logits = b_logits_.data();
   std::vector<std::pair<Seq*, std::string>> failed;
+  // Sampling on the backend: every logits row a token to draw for a job without logprobs or grammar.
+  bool on_device = opt_.sample_on_device && be_.samples_on_device() && !row_seq.empty() &&
+                   int64_t(row_seq.size()) <= be_.shape().max_slots;
+  std::vector<Seq*> dev_seqs;
+  for (const auto& [s, pos] : row_seq) {
+    on_device = on_device && pos < 0 && !s->constraint && s->job->spec.logprobs < 0;
+    dev_seqs.push_back(s);
+  }
+  if (on_device) {
+    try {
+      on_device = build_device_sampling(dev_seqs);
+    } catch (const std::exception&) {
+      on_device = false;  // the host path draws row by row and ends only the job at fault
+    }
+  }
   try {
-    be_.step(b, logits_.data());
+    be_.step(b, on_device ? nullptr : logits_.data());
   } catch (const std::exception& e) {
+    on_device = false;  // the retry below returns logits
     // The backend left every slot as it was. Run each sequence's rows alone, so a failure (a
     // non-finite step, a token the model rejects) ends only the sequence that caused it.
     std::fprintf(stderr, "engine: step of %d tokens failed (%s); retrying sequence by sequence\n", b.n, e.what());
@@ -354,6 +371,10 @@ bool Engine::step_once() {
   };
   for (auto& [s, n] : chunks)
     if (!is_failed(s)) s->fed += n;
+  if (on_device) {
+    sample_rows_on_device(dev_seqs);
+    return true;
+  }
   // Sampling may finish sequences (erasing them from running_); every row's sequence is still
   // alive when its turn comes, since a sequence's only row to sample from is its last.
   for (size_t r = 0; r < row_seq.size(); ++r) {
@@ -397,8 +418,6 @@ void Engine::on_prompt_row(Seq& s, int64_t pos, const float* row) {
 }
 
 void Engine::on_logits(Seq& s, const float* row) {
-  const JobSpec& spec = s.job->spec;
-  const auto now = Clock::now();
   int32_t id;
   try {
     TokenConstraint::Constrained c{row, &s.rule.banned()};
@@ -408,6 +427,58 @@ void Engine::on_logits(Seq& s, const float* row) {
     finish(s, "error", false, e.what());
     return;
   }
+  on_token(s, id, row);
+}
+
+bool Engine::build_device_sampling(const std::vector<Seq*>& seqs) {
+  const size_t R = seqs.size();
+  d_params_.resize(R), d_token_.assign(R, -1), d_logprob_.assign(R, 0.0f), d_offsets_.assign(R + 1, 0);
+  d_adj_.clear();
+  d_mask_.clear();  // filled (all allowed) only when some row bans ids
+  const int64_t mask_words = (vocab_ + 31) / 32;
+  for (size_t r = 0; r < R; ++r) {
+    Seq& s = *seqs[r];
+    d_params_[r] = s.sampler.params(int64_t(s.hist.size()));
+    // The sampler's bias and penalty ids; the stop rule's banned ids (the host path sets their logits
+    // to -inf) as cleared bits of the row's allowed-token mask.
+    const std::vector<SampleAdjust>& a = s.sampler.adjustments(vocab_);
+    d_adj_.insert(d_adj_.end(), a.begin(), a.end());
+    const std::vector<int32_t>& banned = s.rule.banned();
+    if (!banned.empty() && d_mask_.empty()) d_mask_.assign(R * size_t(mask_words), ~0u);
+    for (int32_t id : banned)
+      if (id >= 0 && id < vocab_) d_mask_[r * size_t(mask_words) + size_t(id / 32)] &= ~(1u << (id % 32));
+    d_offsets_[r + 1] = int64_t(d_adj_.size());
+  }
+  return int64_t(d_adj_.size()) <= ModelBackend::kMaxSampleAdjust;
+}
+
+bool Engine::sample_rows_on_device(const std::vector<Seq*>& seqs) {
+  const size_t R = seqs.size();
+  StepSampling ss;
+  ss.params = d_params_.data();
+  if (!d_adj_.empty()) ss.adj = d_adj_.data(), ss.adj_offsets = d_offsets_.data();
+  if (!d_mask_.empty()) ss.mask = d_mask_.data(), ss.mask_words = (vocab_ + 31) / 32;
+  ss.token = d_token_.data();
+  ss.logprob = d_logprob_.data();
+  try {
+    be_.sample_last_step(ss);
+  } catch (const std::exception& e) {
+    // The step has run: its rows cannot be retried one by one. End the step's jobs with the error.
+    for (Seq* s : seqs) {
+      slots_[size_t(s->slot)].held.clear();
+      be_.reset_slot(s->slot);
+      finish(*s, "error", false, e.what());
+    }
+    return false;
+  }
+  // Drawing may finish sequences (erasing them from running_): each row's sequence is distinct.
+  for (size_t r = 0; r < R; ++r) on_token(*seqs[r], d_token_[r], nullptr);
+  return true;
+}
+
+void Engine::on_token(Seq& s, int32_t id, const float* row) {
+  const JobSpec& spec = s.job->spec;
+  const auto now = Clock::now();
   if (s.generated == 0) {
     s.first_token = now;
     if (metrics_) metrics_->observe_ttft(seconds(s.arrival, now));
@@ -422,7 +493,7 @@ void Engine::on_logits(Seq& s, const float* row) {
   JobEvent ev;
   TokenOut t;
   t.id = id;
-  if (spec.logprobs >= 0) logprobs_of(row, vocab_, id, spec.logprobs, t);
+  if (spec.logprobs >= 0 && row) logprobs_of(row, vocab_, id, spec.logprobs, t);
   ev.tokens.push_back(std::move(t));
   if (spec.prompt_logprobs && s.generated == 1) {
     TokenOut first;

@@ -122,6 +122,10 @@ struct EngineOptions {
   int32_t max_step_tokens = 512;
   int64_t ctx = 4096;
   std::vector<int32_t> eos_ids;    // ids that end a sequence (config, tokenizer, generation_config)
+  // Sample where the logits are (ModelBackend::sample_last_step: the host neither copies nor scans
+  // rows x vocab floats) in the steps whose every logits row is a token to draw for a job without
+  // logprobs or a grammar; the others return their logits as before. The same tokens either way.
+  bool sample_on_device = false;
   // Called by the engine thread after an iteration that found nothing to do (at least every 50 ms
   // while idle): a server over many ranks passes its LeaderBackend's keepalive here.
   std::function<void()> on_idle;
@@ -166,6 +170,13 @@ class Engine {
   int32_t choose_slot(const std::vector<int32_t>& prompt, int64_t* reused);
   bool waits_for_fork(const Job& j) const;
   void on_logits(Seq& s, const float* row);
+  // The job's next token id is drawn (row: its logits, or null when they stayed on the device).
+  void on_token(Seq& s, int32_t id, const float* row);
+  // The step's sampling arrays for the backend (one row per sequence, in order); false when they
+  // exceed what a backend takes (ModelBackend::kMaxSampleAdjust): the step then returns its logits.
+  bool build_device_sampling(const std::vector<Seq*>& seqs);
+  // Draws the step's rows on the backend; false (nothing drawn) when it failed, having ended the jobs.
+  bool sample_rows_on_device(const std::vector<Seq*>& seqs);
   void on_prompt_row(Seq& s, int64_t pos, const float* row);
   void finish(Seq& s, const std::string& reason, bool eos, const std::string& error = "");
 
@@ -190,6 +201,13 @@ class Engine {
   std::vector<int32_t> b_token_, b_pos_, b_slot_;
   std::vector<uint8_t> b_logits_;
   std::vector<float> logits_;
+  // sample_rows_on_device's arrays (kept: a step allocates only when a row needs more room).
+  std::vector<SampleParams> d_params_;
+  std::vector<SampleAdjust> d_adj_;
+  std::vector<int64_t> d_offsets_;
+  std::vector<uint32_t> d_mask_;
+  std::vector<int32_t> d_token_;
+  std::vector<float> d_logprob_;
   static constexpr int32_t kPromptRows = 64;  // prompt_logprobs rows a step may ask for
 };
 

@@ -136,6 +136,10 @@ void CpuBackend::reserve(const CacheShape& shape) {
     sized(t.iscratch, inh * kIndexerChunk), sized(t.irows, kIndexerChunk);
   }
   plan_.reserve(shape);
+  last_logits_.assign(size_t(shape.max_slots) * size_t(c.vocab_size), 0.0f);
+  last_rows_ = -1;
+  sample_status_.assign(size_t(shape.max_slots), 0);
+  sample_adj_.reserve(size_t(std::min<int64_t>(ModelBackend::kMaxSampleAdjust, int64_t(1) << 16)));
   const int64_t max_k = std::max({D, c.q_lora_rank, H * hd / c.o_groups, c.o_groups * c.o_lora_rank, I});
   linear_cpu_reserve(max_k, max_recv);
 }
@@ -200,9 +204,15 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
   check_batch(b, shape_, V, pos_.data());
   batch_ = &b;
   first_bad_.clear();
+  last_rows_ = -1;
   CpuActivations& a = act_;
 
   plan_.build(b);  // the batch as runs of one slot each
+  if (!logits_out && plan_.n_logits > shape_.max_slots) {
+    batch_ = nullptr;
+    fail("step: {} rows with logits to keep for sample_last_step, more than the {} slots reserved", plan_.n_logits,
+         shape_.max_slots);
+  }
 
   // Embedding, copied into every hyper-connection stream.
   float* X = a.x.data();
@@ -243,17 +253,58 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
     float* y = a.final_y.data();
     hc_head_cpu(hp, a.head_in.data(), R, y, a.hc_scratch.data());
     rms_norm_cpu(y, w.norm.data(), R, D, c.rms_norm_eps, y);
-    linear(w.head, y, R, logits_out);
+    float* out = logits_out ? logits_out : last_logits_.data();
+    linear(w.head, y, R, out);
     if (opt_.observer) {
       observe_host(*opt_.observer, "final_norm", y, {R, D});
-      observe_host(*opt_.observer, "logits", logits_out, {R, V});
+      observe_host(*opt_.observer, "logits", out, {R, V});
+    }
+    if (!logits_out) {  // checked when sampled (the seam's contract for logits kept by the backend)
+      last_rows_ = R;
+      batch_ = nullptr;
+      return;
     }
     if (any_non_finite(logits_out, size_t(R * V)))
       fail("non-finite logits; the first intermediate that went non-finite is {} (run with --layer-stats for "
            "every layer's statistics)",
            first_bad_.empty() ? std::string("the LM head") : first_bad_);
   }
+  if (!logits_out) last_rows_ = 0;
   batch_ = nullptr;
+}
+
+void CpuBackend::sample_last_step(const StepSampling& s) {
+  CM_CHECK(last_rows_ >= 0, "sample_last_step: the last step returned its logits (step() with logits_out = nullptr "
+                            "keeps them)");
+  const int64_t R = last_rows_, V = m_.config.vocab_size;
+  CM_CHECK(s.params && s.token && s.logprob && (!s.adj || s.adj_offsets),
+           "sample_last_step: params, token and logprob are required (adj with its offsets)");
+  SampleArgs a;
+  a.logits = last_logits_.data();
+  a.rows = R;
+  a.vocab = V;
+  a.params = s.params;
+  if (s.adj) {
+    CM_CHECK(s.adj_offsets[R] <= ModelBackend::kMaxSampleAdjust, "sample_last_step: {} adjustments, more than {}",
+             s.adj_offsets[R], ModelBackend::kMaxSampleAdjust);
+    sample_adj_.assign(s.adj, s.adj + s.adj_offsets[R]);
+    a.adj = sample_adj_.data();
+    a.adj_offsets = s.adj_offsets;
+  }
+  a.mask = s.mask;
+  a.mask_words = s.mask_words;
+  a.token = s.token;
+  a.logprob = s.logprob;
+  a.status = sample_status_.data();
+  last_rows_ = -1;  // the rows are adjusted in place: one draw per step
+  sample_rows_cpu(a);
+  for (int64_t r = 0; r < R; ++r) {
+    if (sample_status_[size_t(r)] == kSampleNonFinite)
+      fail("non-finite logits; the first intermediate that went non-finite is {} (run with --layer-stats for "
+           "every layer's statistics)",
+           first_bad_.empty() ? std::string("the LM head") : first_bad_);
+    if (sample_status_[size_t(r)] != kSampleOk) fail("sampling: row {}: every token is banned or masked", r);
+  }
 }
 
 std::unique_ptr<ModelBackend> make_cpu_backend(const Model& m, const BackendOptions& opt) {

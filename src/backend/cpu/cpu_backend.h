@@ -102,6 +102,10 @@ class CpuBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override;
   void copy_slot(int32_t from, int32_t to) override;
   void step(const Batch& batch, float* logits_out) override;
+  // The CPU backend samples "where the logits are" too (its own memory, the same sampler): step()
+  // with logits_out = nullptr keeps the logits rows for sample_last_step().
+  bool samples_on_device() const override { return true; }
+  void sample_last_step(const StepSampling& s) override;
 
   // Named intermediates: the observer (if any) sees each slot's rows as
   // "l<L>.s<slot>.<what>"; the first non-finite one is remembered for the error.
@@ -139,6 +143,10 @@ class CpuBackend final : public ModelBackend {
   const Batch* batch_ = nullptr;
   int threads_ = 1;
   std::string first_bad_;  // first non-finite intermediate of the current step
+  std::vector<float> last_logits_;        // [max_slots, vocab]: a step's logits kept for sample_last_step
+  int64_t last_rows_ = -1;                // rows in last_logits_ (-1: the last step returned its logits)
+  std::vector<SampleAdjust> sample_adj_;  // sample_last_step's copy of the adjustments (the sampler writes them)
+  std::vector<int32_t> sample_status_;    // [max_slots]
 };
 
 // The two blocks of a layer over the step's rows (x: normed block input [n, D]).
