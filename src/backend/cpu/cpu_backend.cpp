@@ -201,10 +201,11 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
   const Config& c = m_.config;
   const Weights& w = m_.weights;
   const int64_t D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size, N = b.n;
+  last_rows_ = -1;  // nothing to sample until this step has its logits
+  last_out_ = nullptr;
   check_batch(b, shape_, V, pos_.data());
   batch_ = &b;
   first_bad_.clear();
-  last_rows_ = -1;
   CpuActivations& a = act_;
 
   plan_.build(b);  // the batch as runs of one slot each
@@ -269,14 +270,17 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
            "every layer's statistics)",
            first_bad_.empty() ? std::string("the LM head") : first_bad_);
   }
-  if (!logits_out) last_rows_ = 0;
+  // sample_last_step may still draw from the rows returned (copied then: the sampler adjusts in place).
+  last_rows_ = R <= shape_.max_slots ? R : -1;
+  last_out_ = logits_out;
   batch_ = nullptr;
 }
 
 void CpuBackend::sample_last_step(const StepSampling& s) {
-  CM_CHECK(last_rows_ >= 0, "sample_last_step: the last step returned its logits (step() with logits_out = nullptr "
-                            "keeps them)");
+  CM_CHECK(last_rows_ >= 0, "sample_last_step: no step with at most {} logits rows to sample (one draw per step)",
+           shape_.max_slots);
   const int64_t R = last_rows_, V = m_.config.vocab_size;
+  if (last_out_) std::memcpy(last_logits_.data(), last_out_, size_t(R * V) * sizeof(float));
   CM_CHECK(s.params && s.token && s.logprob && (!s.adj || s.adj_offsets),
            "sample_last_step: params, token and logprob are required (adj with its offsets)");
   SampleArgs a;

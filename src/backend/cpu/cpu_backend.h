@@ -144,7 +144,8 @@ class CpuBackend final : public ModelBackend {
   int threads_ = 1;
   std::string first_bad_;  // first non-finite intermediate of the current step
   std::vector<float> last_logits_;        // [max_slots, vocab]: a step's logits kept for sample_last_step
-  int64_t last_rows_ = -1;                // rows in last_logits_ (-1: the last step returned its logits)
+  int64_t last_rows_ = -1;                // logits rows of the last step (-1: none to sample)
+  const float* last_out_ = nullptr;       // where the last step returned them (null: kept in last_logits_)
   std::vector<SampleAdjust> sample_adj_;  // sample_last_step's copy of the adjustments (the sampler writes them)
   std::vector<int32_t> sample_status_;    // [max_slots]
 };
