@@ -161,6 +161,25 @@ TEST(CliUsage, SeedIsRandomByDefaultAndPrinted) {
   EXPECT_TRUE(has(cm_run(t1).err, "threads: 1 |"));
 }
 
+// --sample-on-device (and its env mirror) draws the tokens a host-sampled run draws.
+TEST(CliUsage, SampleOnDeviceGivesTheSameText) {
+  const std::vector<std::string> base = {"generate", "-m", kFixture, "--tokens", "5,17", "-n", "16", "--temp", "0.9",
+                                         "--top-k", "40", "--repeat-penalty", "1.2", "-s", "7", "--ignore-eos"};
+  RunResult host = cm_run(base);
+  ASSERT_EQ(host.code, 0) << host.err;
+  auto dev = base;
+  dev.push_back("--sample-on-device");
+  RunResult d = cm_run(dev);
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_EQ(d.out, host.out);
+  RunOptions env;
+  env.set_env = {"CLAWMINE_SAMPLE_ON_DEVICE=1"};
+  RunResult e = cm_run(base, env);
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_EQ(e.out, host.out);
+  EXPECT_FALSE(host.out.empty());
+}
+
 TEST(CliUsage, ContextSizeLimitsAndSaysSo) {
   RunResult r = cm_run({"generate", "-m", kFixture, "--tokens", "5,17", "-n", "100", "-c", "6", "--ignore-eos"});
   ASSERT_EQ(r.code, 0) << r.err;

@@ -36,17 +36,7 @@ std::string mutated_checkpoint(const std::string& tag, const std::function<void(
   fs::path d = fs::temp_directory_path() / ("cm_bad_" + std::to_string(::getpid()) + "_" + tag);
   fs::remove_all(d);
   fs::create_directories(d);
-  TensorStore s = TensorStore::open_dir(src);
-  std::vector<TensorData> ts;
-  for (auto& [name, v] : s.all()) {
-    if (name == "tokens" || name == "logits") continue;
-    TensorData t;
-    t.name = name;
-    t.dtype = v->dtype;
-    t.shape = v->shape;
-    t.bytes.assign(v->data, v->data + v->nbytes);
-    ts.push_back(std::move(t));
-  }
+  std::vector<TensorData> ts = cm::test::checkpoint_tensors(src);
   edit(ts);
   write_safetensors((d / "model.safetensors").string(), ts);
   std::ofstream(d / "config.json") << (cfg ? *cfg : fixture_config(src)).dump();

@@ -32,19 +32,7 @@ int64_t hidden_of(const json& cfg) {
   return cfg.contains("dim") ? cfg["dim"].get<int64_t>() : cfg["hidden_size"].get<int64_t>();
 }
 
-std::vector<TensorData> release_tensors() {
-  TensorStore s = TensorStore::open_dir(kRelease);
-  std::vector<TensorData> ts;
-  for (auto& [name, v] : s.all()) {
-    TensorData t;
-    t.name = name;
-    t.dtype = v->dtype;
-    t.shape = v->shape;
-    t.bytes.assign(v->data, v->data + v->nbytes);
-    ts.push_back(std::move(t));
-  }
-  return ts;
-}
+std::vector<TensorData> release_tensors() { return cm::test::checkpoint_tensors(kRelease); }
 
 const TensorData& find(const std::vector<TensorData>& ts, const std::string& name) {
   for (const auto& t : ts)

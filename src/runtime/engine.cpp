@@ -332,11 +332,9 @@ bool Engine::step_once() {
   bool on_device = opt_.sample_on_device && be_.samples_on_device() && !row_seq.empty() &&
                    int64_t(row_seq.size()) <= be_.shape().max_slots;
   std::vector<Seq*> dev_seqs;
-  for (const auto& [s, pos] : row_seq) {
-    on_device = on_device && pos < 0 && !s->constraint && s->job->spec.logprobs < 0;
-    dev_seqs.push_back(s);
-  }
+  for (const auto& [s, pos] : row_seq) on_device = on_device && pos < 0 && !s->constraint && s->job->spec.logprobs < 0;
   if (on_device) {
+    for (const auto& [s, pos] : row_seq) dev_seqs.push_back(s);
     try {
       on_device = build_device_sampling(dev_seqs);
     } catch (const std::exception&) {
