@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -134,6 +135,62 @@ TEST(Cli, PerplexityMatchesTransformers) {
   EXPECT_NE(r.err.find("[4/4]"), std::string::npos) << r.err;
   Result bad = run("perplexity -m " + dir + " -f " + dir + "/text.txt --ctx 100000");
   EXPECT_EQ(bad.code, 1);
+}
+
+// Token ids from a file or stdin (sequences longer than one command-line argument may hold): the same
+// logits and the same perplexity as the ids or text given directly; each way of getting them wrong is a
+// one-line error.
+TEST(Cli, TokenIdsFromAFileOrStdin) {
+  const auto d = scratch("tokfile");
+  const std::string ids = "5,17,42,9,9,100,3,77,8";
+  { std::ofstream(d / "ids.txt") << "5 17\n42,9, 9\n100 3 77\n8\n"; }
+  const std::string a = (d / "a.st").string(), b = (d / "b.st").string(), c = (d / "c.st").string();
+  Result r1 = run("logits -m " + kModel + " --tokens " + ids + " -o " + a);
+  ASSERT_EQ(r1.code, 0) << r1.err;
+  Result r2 = run("logits -m " + kModel + " --tokens-file " + (d / "ids.txt").string() + " -o " + b);
+  ASSERT_EQ(r2.code, 0) << r2.err;
+  Result r3 = run("logits -m " + kModel + " --tokens - -o " + c + " < " + (d / "ids.txt").string());
+  ASSERT_EQ(r3.code, 0) << r3.err;
+  cm::SafetensorsFile fa(a), fb(b), fc(c);
+  ASSERT_EQ(fb.find("logits")->shape_str(), "[9, 128]");
+  EXPECT_EQ(std::memcmp(fa.find("logits")->data, fb.find("logits")->data, 9 * 128 * 4), 0);
+  EXPECT_EQ(std::memcmp(fa.find("logits")->data, fc.find("logits")->data, 9 * 128 * 4), 0);
+
+  // perplexity over the text's token ids (as `tokenize` prints them) equals perplexity over the text
+  const std::string dir = std::string(CLAWMINE_TEST_DATA) + "/golden/hf_text";
+  Result t = run("tokenize -m " + dir + " -f " + dir + "/text.txt");
+  ASSERT_EQ(t.code, 0) << t.err;
+  { std::ofstream(d / "text_ids.txt") << t.out; }
+  Result p1 = run("perplexity -m " + dir + " -f " + dir + "/text.txt --ctx 32");
+  Result p2 = run("perplexity -m " + dir + " --tokens-file " + (d / "text_ids.txt").string() + " --ctx 32");
+  Result p3 = run("perplexity -m " + dir + " --tokens - --ctx 32 < " + (d / "text_ids.txt").string());
+  ASSERT_EQ(p1.code, 0) << p1.err;
+  ASSERT_EQ(p2.code, 0) << p2.err;
+  ASSERT_EQ(p3.code, 0) << p3.err;
+  EXPECT_EQ(p2.out, p1.out);
+  EXPECT_EQ(p3.out, p1.out);
+
+  { std::ofstream(d / "bad.txt") << "5,17,x"; }
+  { std::ofstream(d / "big.txt") << "5,17,100000"; }
+  const std::string out = (d / "never.st").string();
+  for (const std::string& args : {
+           "logits -m " + kModel + " -o " + out,                                                    // no ids
+           "logits -m " + kModel + " --tokens 1 --tokens-file " + (d / "ids.txt").string() + " -o " + out,  // both
+           "logits -m " + kModel + " --tokens-file " + (d / "missing.txt").string() + " -o " + out,
+           "logits -m " + kModel + " --tokens-file " + d.string() + " -o " + out,                   // a directory
+           "logits -m " + kModel + " --tokens-file " + (d / "bad.txt").string() + " -o " + out,
+           "logits -m " + kModel + " --tokens-file " + (d / "big.txt").string() + " -o " + out,     // >= vocab
+           "logits -m " + kModel + " --tokens - -o " + out + " < /dev/null",                        // empty stdin
+           "perplexity -m " + dir + " -f " + dir + "/text.txt --tokens 1,2 --ctx 32",             // two sources
+           "perplexity -m " + dir + " --ctx 32",                                                   // none
+           "perplexity -m " + dir + " --tokens 5,17,100000 --ctx 2",                               // >= vocab
+       }) {
+    Result r = run(args);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << args << "\n" << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 // -o naming a character device writes to it and leaves it a device (it used to

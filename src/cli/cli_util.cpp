@@ -7,8 +7,14 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "io/input_file.h"
 
 namespace cm::cli {
+
+namespace {
+// A list as errors show it: whole when short, its start otherwise (a file of 65,536 ids is not echoed).
+std::string shown(const std::string& s) { return s.size() <= 80 ? s : s.substr(0, 60) + "... (" + std::to_string(s.size()) + " bytes)"; }
+}  // namespace
 
 std::vector<int32_t> parse_token_list(const std::string& s, const std::string& flag) {
   std::vector<int32_t> out;
@@ -18,18 +24,18 @@ std::vector<int32_t> parse_token_list(const std::string& s, const std::string& f
   while (true) {
     while (i < s.size() && space(s[i])) ++i;
     if (i == s.size()) {
-      if (after_comma) fail("{}: empty item at the end of '{}'", flag, s);
+      if (after_comma) fail("{}: empty item at the end of '{}'", flag, shown(s));
       break;
     }
-    if (s[i] == ',') fail("{}: empty item in '{}'", flag, s);
+    if (s[i] == ',') fail("{}: empty item in '{}'", flag, shown(s));
     size_t j = i;
     while (j < s.size() && s[j] != ',' && !space(s[j])) ++j;
     const std::string item = s.substr(i, j - i);
     int64_t v = 0;
     for (char ch : item) {
-      if (ch < '0' || ch > '9') fail("{}: '{}' is not a token id", flag, item);
+      if (ch < '0' || ch > '9') fail("{}: '{}' is not a token id", flag, shown(item));
       v = v * 10 + (ch - '0');
-      if (v > INT32_MAX) fail("{}: '{}' is too large", flag, item);
+      if (v > INT32_MAX) fail("{}: '{}' is too large", flag, shown(item));
     }
     out.push_back(int32_t(v));
     i = j;
@@ -39,6 +45,17 @@ std::vector<int32_t> parse_token_list(const std::string& s, const std::string& f
   }
   if (out.empty()) fail("{}: empty token list", flag);
   return out;
+}
+
+std::vector<int32_t> read_token_ids(const std::string& list, const std::string& file) {
+  if (!list.empty() && !file.empty()) fail("--tokens and --tokens-file: give the ids one way");
+  if (list.empty() && file.empty()) fail("no token ids: give --tokens LIST, --tokens - (stdin) or --tokens-file PATH");
+  if (!list.empty() && list != "-") return parse_token_list(list, "--tokens");
+  const std::string& path = list.empty() ? file : list;
+  const std::string flag = list.empty() ? "--tokens-file" : "--tokens";
+  const std::string text = path == "-" ? read_text_file("-", flag) : read_regular_file(path, kMaxTextBytes, flag);
+  if (text.size() > kMaxTextBytes) fail("{} -: more than {} bytes on stdin", flag, kMaxTextBytes);
+  return parse_token_list(text, path == "-" ? flag + " -" : flag + " " + path);
 }
 
 std::string process_escapes(const std::string& s) {

@@ -12,6 +12,12 @@ namespace cm::cli {
 // `flag` names the option in errors.
 std::vector<int32_t> parse_token_list(const std::string& s, const std::string& flag = "--tokens");
 
+// Token ids from --tokens LIST, --tokens - (stdin) or --tokens-file PATH (PATH "-": stdin), in
+// parse_token_list's format (commas, spaces or newlines between ids); exactly one of `list` and `file` is
+// non-empty, else an error says how to give them. A file is read as read_regular_file does (bounded size,
+// no directories or devices).
+std::vector<int32_t> read_token_ids(const std::string& list, const std::string& file);
+
 // llama.cpp's -p escape processing: \n \t \r \a \b \f \v \\ \' \" \? and \xHH;
 // an unknown escape is kept as written.
 std::string process_escapes(const std::string& s);

@@ -1,4 +1,4 @@
-// `clawmine logits [-m DIR] --tokens 5,17,42 [--chunk N] --out FILE`
+// `clawmine logits [-m DIR] --tokens 5,17,42 | --tokens - | --tokens-file F [--chunk N] --out FILE`
 // Feeds the tokens N at a time (default: all at once) and writes a
 // safetensors file with one F32 tensor `logits` [tokens, vocab].
 #include <cstdio>
@@ -19,17 +19,19 @@ namespace {
 
 struct Opts {
   cm::cli::EngineOptions eng;
-  std::string tokens, out;
+  std::string tokens, tokens_file, out;
   int64_t chunk = 0;
 };
 
 int run(Opts& o) {
-  std::vector<int32_t> toks = cm::cli::parse_token_list(o.tokens);
+  std::vector<int32_t> toks = cm::cli::read_token_ids(o.tokens, o.tokens_file);
   if (o.chunk < 0) cm::fail("--chunk must be >= 1 (got {})", o.chunk);
   auto m = cm::cli::load_model(o.eng);
   cm::check_output_path(o.out, {o.eng.model});  // before the model runs: a bad -o fails fast
   cm::LayerStatsObserver stats(stderr);
   const int64_t n = int64_t(toks.size()), V = m->config.vocab_size;
+  for (size_t i = 0; i < toks.size(); ++i)
+    if (toks[i] >= V) cm::fail("token {} (at {}) is outside the model's vocabulary of {}", toks[i], i, V);
   if (n > m->config.max_position_embeddings)
     cm::fail("{} tokens exceed the model's context of {} (max_position_embeddings)", n,
              m->config.max_position_embeddings);
@@ -52,7 +54,11 @@ cm::cli::CommandRegistrar reg({"logits", "Compute logits for a token sequence an
                                [](CLI::App& app) -> cm::cli::CommandRun {
                                  auto o = std::make_shared<Opts>();
                                  cm::cli::add_engine_options(app, o->eng);
-                                 app.add_option("--tokens", o->tokens, "Comma-separated token ids")->required();
+                                 app.add_option("--tokens", o->tokens,
+                                                "Token ids, comma- or space-separated; '-' reads them from stdin");
+                                 app.add_option("--tokens-file", o->tokens_file,
+                                                "A file of token ids (commas, spaces or newlines between them; '-' = "
+                                                "stdin): for sequences too long for the command line");
                                  app.add_option("--chunk", o->chunk, "Feed N tokens per model step (default all)");
                                  app.add_option("-o,--out", o->out, "Output .safetensors file")->required();
                                  return [o] { return run(*o); };

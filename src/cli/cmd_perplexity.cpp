@@ -1,4 +1,4 @@
-// `clawmine perplexity -m DIR --file F [--ctx N] [--stride S] [--chunks K]`
+// `clawmine perplexity -m DIR (--file F | --tokens LIST|- | --tokens-file F) [--ctx N] [--stride S] [--chunks K]`
 // (llama.cpp's llama-perplexity is the model). The file's exact bytes are
 // tokenized with the model's tokenizer and cut into windows of N tokens that
 // start every S tokens (S = N by default: non-overlapping). Each window runs
@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "common/error.h"
@@ -25,7 +26,7 @@ namespace {
 
 struct Opts {
   cm::cli::EngineOptions eng;
-  std::string file;
+  std::string file, tokens, tokens_file;
   int64_t ctx = 0, stride = 0, chunks = 0;
   bool ctx_given = false, stride_given = false, chunks_given = false;
 };
@@ -35,18 +36,29 @@ int run(Opts& o) {
   if (o.ctx_given && o.ctx < 2) cm::fail("--ctx must be >= 2 (got {})", o.ctx);
   if (o.stride_given && o.stride < 1) cm::fail("--stride must be >= 1 (got {})", o.stride);
   if (o.chunks_given && o.chunks < 1) cm::fail("--chunks must be >= 1 (got {})", o.chunks);
-  const std::string text = cm::read_regular_file(o.file, cm::kMaxTextBytes, "--file");
+  // the text's tokens, or token ids as given (no tokenizer needed)
+  const bool from_ids = !o.tokens.empty() || !o.tokens_file.empty();
+  if (from_ids == !o.file.empty())
+    cm::fail("give the text to score one way: --file TEXT, or token ids with --tokens LIST|- or --tokens-file PATH");
+  std::vector<int32_t> ids;
+  std::string text;
+  if (from_ids)
+    ids = cm::cli::read_token_ids(o.tokens, o.tokens_file);
+  else
+    text = cm::read_regular_file(o.file, cm::kMaxTextBytes, "--file");
   auto m = cm::cli::load_model(o.eng);
-  cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
-  std::vector<int32_t> ids = tok.encode(text, cm::EncodeOptions{false, false});
+  if (!from_ids) ids = cm::Tokenizer::load(o.eng.model).encode(text, cm::EncodeOptions{false, false});
   const int64_t N = int64_t(ids.size()), V = m->config.vocab_size;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] >= V) cm::fail("token {} (at {}) is outside the model's vocabulary of {}", ids[i], i, V);
   const int64_t ctx = o.ctx > 0 ? o.ctx : std::min<int64_t>(1024, m->config.max_position_embeddings);
   const int64_t stride = o.stride > 0 ? o.stride : ctx;
   if (ctx < 2) cm::fail("--ctx must be >= 2 (got {})", ctx);
   if (ctx > m->config.max_position_embeddings)
     cm::fail("--ctx {} exceeds the model's context of {}", ctx, m->config.max_position_embeddings);
   if (stride > ctx) cm::fail("--stride {} must not exceed --ctx {}", stride, ctx);
-  if (N < ctx) cm::fail("{}: {} tokens, fewer than one window of --ctx {}", o.file, N, ctx);
+  if (N < ctx)
+    cm::fail("{}: {} tokens, fewer than one window of --ctx {}", from_ids ? std::string("the token ids") : o.file, N, ctx);
   int64_t windows = (N - ctx) / stride + 1;
   if (o.chunks_given) windows = std::min(windows, o.chunks);
   cm::LayerStatsObserver stats(stderr);
@@ -94,7 +106,12 @@ cm::cli::CommandRegistrar reg({"perplexity", "Perplexity of a model on a text fi
                                [](CLI::App& app) -> cm::cli::CommandRun {
                                  auto o = std::make_shared<Opts>();
                                  cm::cli::add_engine_options(app, o->eng);
-                                 app.add_option("-f,--file", o->file, "Text file (its exact bytes)")->required();
+                                 app.add_option("-f,--file", o->file, "Text file (its exact bytes)");
+                                 app.add_option("--tokens", o->tokens,
+                                                "Token ids instead of a text, comma- or space-separated; '-' reads "
+                                                "them from stdin");
+                                 app.add_option("--tokens-file", o->tokens_file,
+                                                "A file of token ids instead of a text ('-' = stdin)");
                                  auto* c = app.add_option("-c,--ctx", o->ctx, "Window length in tokens (default 1024)");
                                  auto* s = app.add_option("--stride", o->stride, "Window start spacing (default --ctx)");
                                  auto* k = app.add_option("--chunks", o->chunks, "Evaluate at most this many windows");
