@@ -54,7 +54,7 @@ struct ModelBenchOptions {
   bool fast_prefill = false;      // BackendOptions::batch_invariant = false (--fast-prefill)
   // Decode steps keep their logits on the device and sample there (temperature 1, top-p 0.95):
   // step(batch, nullptr) + sample_last_step, R x 12 bytes back instead of R x vocab floats.
-  bool sample_on_device = false;
+  bool sample_on_device = true;
 };
 
 // A synthetic model on the device behind the engine seam.

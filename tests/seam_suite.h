@@ -424,7 +424,8 @@ TEST_P(Seam, SampleOnDeviceDrawsTheHostTokens) {
   std::vector<float> logits(size_t(4 * V));
   be->step(b, logits.data());
   std::vector<int32_t> ref_tok(4), ref_status(4);
-  std::vector<float> ref_lp(4);
+  std::vector<float> ref_lp(4), ref_top_lp(4 * 6);
+  std::vector<int32_t> ref_top(4 * 6);
   {
     std::vector<float> l = logits;
     std::vector<SampleAdjust> a = adj;
@@ -432,6 +433,7 @@ TEST_P(Seam, SampleOnDeviceDrawsTheHostTokens) {
     args.logits = l.data(), args.rows = 4, args.vocab = V, args.params = p.data(), args.adj = a.data();
     args.adj_offsets = off.data(), args.mask = mask.data(), args.mask_words = W;
     args.token = ref_tok.data(), args.logprob = ref_lp.data(), args.status = ref_status.data();
+    args.top_n = 6, args.top_id = ref_top.data(), args.top_logprob = ref_top_lp.data();
     sample_rows_cpu(args);
   }
   for (int r = 0; r < 4; ++r) ASSERT_EQ(ref_status[size_t(r)], kSampleOk);
@@ -446,10 +448,14 @@ TEST_P(Seam, SampleOnDeviceDrawsTheHostTokens) {
   // A fresh backend: the logits never leave the device.
   auto be2 = backend(*m, 4, 32, 64);
   be2->step(b, nullptr);
-  std::vector<int32_t> got2(4, -5);
+  std::vector<int32_t> got2(4, -5), top2(4 * 6, -5);
+  std::vector<float> top_lp2(4 * 6);
   ss.token = got2.data();
+  ss.top_n = 6, ss.top_id = top2.data(), ss.top_logprob = top_lp2.data();  // with the raw top 6 of each row
   be2->sample_last_step(ss);
   EXPECT_EQ(got2, ref_tok);
+  EXPECT_EQ(top2, ref_top);
+  for (size_t i = 0; i < top2.size(); ++i) EXPECT_NEAR(top_lp2[i], ref_top_lp[i], 2e-5) << i;
 
   // Non-finite logits kept on the device.
   auto bad = model_load(kData + "/golden/hf_text");

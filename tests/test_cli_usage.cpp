@@ -161,19 +161,25 @@ TEST(CliUsage, SeedIsRandomByDefaultAndPrinted) {
   EXPECT_TRUE(has(cm_run(t1).err, "threads: 1 |"));
 }
 
-// --sample-on-device (and its env mirror) draws the tokens a host-sampled run draws.
+// Sampling where the logits are is the default; --no-sample-on-device (and CLAWMINE_SAMPLE_ON_DEVICE=0)
+// samples on the host: the same text either way, and --sample-on-device still parses.
 TEST(CliUsage, SampleOnDeviceGivesTheSameText) {
   const std::vector<std::string> base = {"generate", "-m", kFixture, "--tokens", "5,17", "-n", "16", "--temp", "0.9",
                                          "--top-k", "40", "--repeat-penalty", "1.2", "-s", "7", "--ignore-eos"};
-  RunResult host = cm_run(base);
+  auto host_args = base;
+  host_args.push_back("--no-sample-on-device");
+  RunResult host = cm_run(host_args);
   ASSERT_EQ(host.code, 0) << host.err;
-  auto dev = base;
-  dev.push_back("--sample-on-device");
-  RunResult d = cm_run(dev);
+  RunResult d = cm_run(base);
   ASSERT_EQ(d.code, 0) << d.err;
   EXPECT_EQ(d.out, host.out);
+  auto dev = base;
+  dev.push_back("--sample-on-device");
+  RunResult explicit_on = cm_run(dev);
+  ASSERT_EQ(explicit_on.code, 0) << explicit_on.err;
+  EXPECT_EQ(explicit_on.out, host.out);
   RunOptions env;
-  env.set_env = {"CLAWMINE_SAMPLE_ON_DEVICE=1"};
+  env.set_env = {"CLAWMINE_SAMPLE_ON_DEVICE=0"};
   RunResult e = cm_run(base, env);
   ASSERT_EQ(e.code, 0) << e.err;
   EXPECT_EQ(e.out, host.out);

@@ -2,8 +2,8 @@
 // ModelBackend::sample_last_step; the CPU backend implements it over its own memory): the same jobs
 // give the same tokens, finish reasons and texts as when the engine samples the logits it got back,
 // for greedy and seeded sampling, top-k/top-p/min-p, penalties, logit bias, EOS banned under
-// min_tokens and stop strings; steps with a logprobs job return their logits instead; and the device
-// path is really taken.
+// min_tokens and stop strings; logprobs (the chosen token's and up to 20 alternatives) come back with the
+// tokens; and the device path is really taken.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -53,6 +53,7 @@ class CountingBackend : public ModelBackend {
 
 struct Outcome {
   std::vector<int32_t> ids;
+  std::vector<TokenOut> lp;  // every token's logprobs
   std::string text, reason;
 };
 
@@ -99,6 +100,16 @@ std::vector<JobSpec> mixed_jobs(const Tokenizer& tok, const std::vector<int32_t>
     lp.logprobs = 2;
     lp.ignore_eos = true;
     specs.push_back(lp);
+    JobSpec lp0 = base("The sun", 5);
+    lp0.logprobs = 0;
+    lp0.sampling.temperature = 0.8f;
+    lp0.sampling.seed = 5;
+    specs.push_back(lp0);
+    JobSpec lp20 = base("Where is", 7);
+    lp20.logprobs = 20;
+    lp20.sampling.temperature = 1.1f;
+    lp20.sampling.seed = 9;
+    specs.push_back(lp20);
   }
   return specs;
 }
@@ -126,7 +137,7 @@ std::vector<Outcome> run(bool on_device, bool with_logprobs, int32_t max_seqs, C
   for (auto& j : jobs) {
     Outcome r;
     for (JobEvent& ev : j->pop(0)) {
-      for (const TokenOut& t : ev.tokens) r.ids.push_back(t.id);
+      for (const TokenOut& t : ev.tokens) r.ids.push_back(t.id), r.lp.push_back(t);
       r.text += ev.text;
       if (ev.kind == JobEvent::Finish) r.reason = ev.finish_reason + (ev.error.empty() ? "" : ": " + ev.error);
     }
@@ -161,12 +172,35 @@ TEST(EngineDeviceSampling, SameTokensAsSamplingOnTheHost) {
   }
 }
 
-TEST(EngineDeviceSampling, StepsWithLogprobsReturnTheirLogits) {
+// Jobs that ask for logprobs draw on the backend too: the same tokens, the same top ids in the same order,
+// logprobs within float rounding of the host's (the host sums exp in double over the row it got back).
+TEST(EngineDeviceSampling, LogprobsComeBackWithTheTokens) {
+  CountingBackend* host_be = nullptr;
+  const std::vector<Outcome> host = run(false, true, 8, &host_be);
+  EXPECT_EQ(host_be->draws, 0);
   CountingBackend* be = nullptr;
-  const std::vector<Outcome> host = run(false, true, 8, nullptr);
   const std::vector<Outcome> dev = run(true, true, 8, &be);
-  for (size_t i = 0; i < host.size(); ++i) EXPECT_EQ(host[i].ids, dev[i].ids) << "job " << i;
-  // While the logprobs job runs every step returns its logits; after it ends the others draw on the backend.
-  EXPECT_GT(be->returned, 0);
-  EXPECT_GT(be->draws, 0);
+  EXPECT_GT(be->draws, 10);
+  EXPECT_EQ(be->kept, be->draws);
+  ASSERT_EQ(host.size(), dev.size());
+  size_t with_top = 0;
+  for (size_t i = 0; i < host.size(); ++i) {
+    ASSERT_EQ(host[i].ids, dev[i].ids) << "job " << i;
+    EXPECT_EQ(host[i].text, dev[i].text) << "job " << i;
+    for (size_t t = 0; t < host[i].lp.size(); ++t) {
+      const TokenOut &h = host[i].lp[t], &d = dev[i].lp[t];
+      EXPECT_NEAR(h.logprob, d.logprob, 1e-5) << "job " << i << " token " << t;
+      ASSERT_EQ(h.top.size(), d.top.size()) << "job " << i << " token " << t;
+      for (size_t k = 0; k < h.top.size(); ++k) {
+        EXPECT_EQ(h.top[k].id, d.top[k].id) << "job " << i << " token " << t << " top " << k;
+        EXPECT_NEAR(h.top[k].logprob, d.top[k].logprob, 1e-5);
+      }
+      with_top += !h.top.empty();
+    }
+  }
+  EXPECT_EQ(host[6].lp[0].top.size(), 2u);
+  EXPECT_TRUE(host[7].lp[0].top.empty());
+  EXPECT_LT(host[7].lp[0].logprob, 0.0f);
+  EXPECT_EQ(host[8].lp[0].top.size(), 20u);
+  EXPECT_GE(with_top, 13u);
 }

@@ -251,3 +251,55 @@ TEST(SampleRows, BadInputIsAnErrorOrAStatus) {
   EXPECT_THROW(sample_one(l, p, {{100, 0, 1.0f, 0}}), Error);               // id outside the vocabulary
   EXPECT_THROW(sample_one(l, p, {{3, 0, 1.0f, 0}, {3, 1, 0.0f, 0}}), Error);  // adjusted twice
 }
+
+// top_n: the raw distribution's most likely ids (value descending, lowest id first on ties), their
+// logprobs under the raw softmax whatever the bias, penalties, mask and temperature, -1 / NaN past the
+// vocabulary's end and for a non-finite row.
+TEST(SampleRows, TopNIsTheRawDistributionsHead) {
+  std::vector<float> l = random_logits(500, 21, 4.0f);
+  l[300] = 9.0f, l[17] = 9.0f, l[450] = 8.5f;  // a tie at the top: 17 before 300
+  SampleParams p;
+  p.temperature = 0.7f, p.top_k = 3, p.seed = 2;
+  std::vector<SampleAdjust> adj(1);
+  adj[0].id = 17, adj[0].bias = -50.0f;  // the bias changes the draw, not the raw top list
+  std::vector<float> x = l;
+  std::vector<int64_t> off{0, 1};
+  int32_t token = 0, status = 0, top_id[8];
+  float logprob = 0, top_lp[8];
+  SampleArgs a;
+  a.logits = x.data(), a.rows = 1, a.vocab = int64_t(l.size()), a.params = &p;
+  a.adj = adj.data(), a.adj_offsets = off.data();
+  a.token = &token, a.logprob = &logprob, a.status = &status;
+  a.top_n = 8, a.top_id = top_id, a.top_logprob = top_lp;
+  sample_rows_cpu(a);
+  ASSERT_EQ(status, kSampleOk);
+  EXPECT_NE(token, 17);
+  std::vector<int32_t> want(l.size());
+  std::iota(want.begin(), want.end(), 0);
+  std::stable_sort(want.begin(), want.end(), [&](int32_t i, int32_t j) { return l[size_t(i)] > l[size_t(j)]; });
+  const std::vector<double> sm = softmax(l, 1.0);
+  EXPECT_EQ(top_id[0], 17);
+  EXPECT_EQ(top_id[1], 300);
+  EXPECT_EQ(top_id[2], 450);
+  for (int k = 0; k < 8; ++k) {
+    EXPECT_EQ(top_id[k], want[size_t(k)]) << k;
+    EXPECT_NEAR(top_lp[k], std::log(sm[size_t(want[size_t(k)])]), 1e-5) << k;
+  }
+  // a vocabulary shorter than top_n: the rest is -1 / NaN
+  std::vector<float> small{1.0f, 3.0f, 2.0f};
+  a.logits = small.data(), a.vocab = 3, a.adj = nullptr, a.adj_offsets = nullptr;
+  sample_rows_cpu(a);
+  EXPECT_EQ(top_id[0], 1);
+  EXPECT_EQ(top_id[1], 2);
+  EXPECT_EQ(top_id[2], 0);
+  EXPECT_EQ(top_id[3], -1);
+  EXPECT_TRUE(std::isnan(top_lp[7]));
+  // a non-finite row: no list
+  small[1] = NAN;
+  sample_rows_cpu(a);
+  EXPECT_EQ(status, kSampleNonFinite);
+  EXPECT_EQ(top_id[0], -1);
+  // top_n out of range
+  a.top_n = kMaxSampleTopN + 1;
+  EXPECT_THROW(sample_rows_cpu(a), Error);
+}

@@ -31,6 +31,7 @@ class SampleRun : public OpRun {
 
 struct SampleInputs {
   int64_t rows = 0, vocab = 0, words = 0;
+  int32_t top_n = 0;  // the raw top logprobs asked for
   std::vector<float> logits;
   std::vector<SampleParams> params;
   std::vector<SampleAdjust> adj;
@@ -38,8 +39,9 @@ struct SampleInputs {
   std::vector<uint32_t> mask;
 };
 
-SampleInputs make_inputs(uint64_t seed, int64_t rows, int64_t vocab) {
+SampleInputs make_inputs(uint64_t seed, int64_t rows, int64_t vocab, int32_t top_n) {
   SampleInputs in;
+  in.top_n = top_n;
   in.rows = rows;
   in.vocab = vocab;
   in.words = (vocab + 31) / 32;
@@ -94,6 +96,8 @@ struct SampleOut {
   std::vector<int32_t> token, status;
   std::vector<float> logprob, logits;
   std::vector<SampleAdjust> adj;
+  std::vector<int32_t> top_id;
+  std::vector<float> top_lp;
 };
 
 SampleOut run_cpu(SampleInputs in) {
@@ -101,12 +105,15 @@ SampleOut run_cpu(SampleInputs in) {
   o.token.resize(size_t(in.rows));
   o.status.resize(size_t(in.rows));
   o.logprob.resize(size_t(in.rows));
+  o.top_id.resize(size_t(in.rows * in.top_n));
+  o.top_lp.resize(size_t(in.rows * in.top_n));
   SampleArgs a;
   a.logits = in.logits.data(), a.rows = in.rows, a.vocab = in.vocab, a.params = in.params.data();
   a.adj = in.adj.empty() ? nullptr : in.adj.data();
   a.adj_offsets = in.adj.empty() ? nullptr : in.off.data();
   a.mask = in.mask.data(), a.mask_words = in.words;
   a.token = o.token.data(), a.logprob = o.logprob.data(), a.status = o.status.data();
+  a.top_n = in.top_n, a.top_id = o.top_id.data(), a.top_logprob = o.top_lp.data();
   sample_rows_cpu(a);
   o.logits = std::move(in.logits);
   o.adj = std::move(in.adj);
@@ -125,30 +132,38 @@ SampleOut run_gpu(cuda::Context& ctx, const SampleInputs& in, int64_t r0, int64_
   cuda::DeviceBuffer dl = to_device(l), da = to_device(adj), doff = to_device(off), dp = to_device(p), dm = to_device(m);
   Guarded<int32_t> tok{size_t(n)}, st{size_t(n)};
   Guarded<float> lp{size_t(n)};
+  const size_t nt = size_t(std::max<int64_t>(1, n * in.top_n));
+  Guarded<int32_t> tid{nt};
+  Guarded<float> tlp{nt};
   SampleArgs a;
   a.logits = dl.as<float>(), a.rows = n, a.vocab = V, a.params = dp.as<SampleParams>();
   a.adj = adj.empty() ? nullptr : da.as<SampleAdjust>();
   a.adj_offsets = adj.empty() ? nullptr : doff.as<int64_t>();
   a.mask = dm.as<uint32_t>(), a.mask_words = in.words;
   a.token = tok.ptr(), a.logprob = lp.ptr(), a.status = st.ptr();
+  if (in.top_n > 0) a.top_n = in.top_n, a.top_id = tid.ptr(), a.top_logprob = tlp.ptr();
   sample_rows_cuda(ctx, a);
   ctx.sync();
   SampleOut o;
   o.token = tok.get(c, "token");
   o.status = st.get(c, "status");
   o.logprob = lp.get(c, "logprob");
+  o.top_id = tid.get(c, "top_id");
+  o.top_lp = tlp.get(c, "top_logprob");
+  o.top_id.resize(size_t(n * in.top_n));
+  o.top_lp.resize(size_t(n * in.top_n));
   o.logits = from_device<float>(dl, l.size());
   o.adj = from_device<SampleAdjust>(da, adj.size());
   return o;
 }
 
-std::unique_ptr<OpRun> sample_case(uint64_t seed, int64_t rows, int64_t vocab) {
+std::unique_ptr<OpRun> sample_case(uint64_t seed, int64_t rows, int64_t vocab, int32_t top_n) {
   struct S {
     SampleInputs in;
-    cuda::DeviceBuffer dl, da, doff, dp, dm, dt, ds, dlp;
+    cuda::DeviceBuffer dl, da, doff, dp, dm, dt, ds, dlp, dtop;
   };
   auto st = std::make_shared<S>();
-  st->in = make_inputs(seed, rows, vocab);
+  st->in = make_inputs(seed, rows, vocab, top_n);
   // the timed call re-adjusts its logits in place each time: the same work, other values
   st->dl = to_device(st->in.logits);
   st->da = to_device(st->in.adj);
@@ -158,6 +173,7 @@ std::unique_ptr<OpRun> sample_case(uint64_t seed, int64_t rows, int64_t vocab) {
   st->dt = cuda::DeviceBuffer(size_t(rows) * 4);
   st->ds = cuda::DeviceBuffer(size_t(rows) * 4);
   st->dlp = cuda::DeviceBuffer(size_t(rows) * 4);
+  st->dtop = cuda::DeviceBuffer(size_t(std::max<int64_t>(1, rows * top_n)) * 8);
   auto l = std::make_unique<SampleRun>();
   l->op = [st](cuda::Context& ctx) {
     SampleArgs a;
@@ -166,6 +182,9 @@ std::unique_ptr<OpRun> sample_case(uint64_t seed, int64_t rows, int64_t vocab) {
     a.adj_offsets = st->in.adj.empty() ? nullptr : st->doff.as<int64_t>();
     a.mask = st->dm.as<uint32_t>(), a.mask_words = st->in.words;
     a.token = st->dt.as<int32_t>(), a.logprob = st->dlp.as<float>(), a.status = st->ds.as<int32_t>();
+    if (st->in.top_n > 0)
+      a.top_n = st->in.top_n, a.top_id = st->dtop.as<int32_t>(),
+      a.top_logprob = reinterpret_cast<float*>(st->dtop.as<int32_t>() + st->in.rows * st->in.top_n);
     sample_rows_cuda(ctx, a);
   };
   l->chk = [st](cuda::Context& ctx, Checker& c) {
@@ -184,6 +203,15 @@ std::unique_ptr<OpRun> sample_case(uint64_t seed, int64_t rows, int64_t vocab) {
     }
     c.expect(bad_tok == 0, std::to_string(bad_tok) + " of " + std::to_string(in.rows) + " rows differ in token or status");
     c.err("logprob |gpu - cpu|", lp_err, 2e-5);
+    // the raw top_n: the same ids in the same order, logprobs within the same bound (NaN where -1)
+    int64_t bad_top = 0;
+    double top_err = 0;
+    for (size_t i = 0; i < ref.top_id.size(); ++i) {
+      bad_top += got.top_id[i] != ref.top_id[i] || std::isnan(got.top_lp[i]) != std::isnan(ref.top_lp[i]);
+      if (ref.top_id[i] >= 0) top_err = std::max(top_err, double(std::fabs(got.top_lp[i] - ref.top_lp[i])));
+    }
+    c.expect(bad_top == 0, std::to_string(bad_top) + " top entries differ in id");
+    if (in.top_n > 0) c.err("top logprob |gpu - cpu|", top_err, 2e-5);
     c.expect(ok_rows > in.rows / 2, "too few rows sampled (" + std::to_string(ok_rows) + ")");
     // the adjusted logits and saved originals, bit for bit (rows the sampler reached)
     c.same_bits(got.logits.data(), ref.logits.data(), got.logits.size() * 4, "adjusted logits");
@@ -194,6 +222,9 @@ std::unique_ptr<OpRun> sample_case(uint64_t seed, int64_t rows, int64_t vocab) {
       c.expect(one.token[0] == got.token[size_t(r)] && one.status[0] == got.status[size_t(r)],
                "row " + std::to_string(r) + " alone draws another token than in the batch");
       c.same_bits(&one.logprob[0], &got.logprob[size_t(r)], 4, "row " + std::to_string(r) + " logprob alone");
+      if (in.top_n > 0)
+        c.same_bits(one.top_lp.data(), &got.top_lp[size_t(r * in.top_n)], size_t(in.top_n) * 4,
+                    "row " + std::to_string(r) + " top logprobs alone");
     }
   };
   l->nbytes = double(rows * vocab) * 4;
@@ -203,17 +234,23 @@ std::unique_ptr<OpRun> sample_case(uint64_t seed, int64_t rows, int64_t vocab) {
 }  // namespace
 
 void add_sample_cases(std::vector<OpCase>& out) {
-  for (auto [rows, vocab] : {std::pair<int64_t, int64_t>{1, 129280}, {9, 1000}, {9, 129280}, {64, 129280},
-                             {256, 129280}, {18, 33}}) {
+  struct Shape {
+    int64_t rows, vocab;
+    int32_t top_n;
+  };
+  for (auto [rows, vocab, top_n] : {Shape{1, 129280, 0}, Shape{9, 1000, 0}, Shape{9, 129280, 0}, Shape{64, 129280, 0},
+                                    Shape{256, 129280, 0}, Shape{18, 33, 0}, Shape{9, 129280, 20}, Shape{256, 129280, 5},
+                                    Shape{18, 33, 20}, Shape{9, 7, 20}}) {
     OpCase c;
     c.family = "sample";
     c.shape = {{"rows", rows}, {"V", vocab}};
+    if (top_n > 0) c.shape.push_back({"top", top_n});
     c.name = case_name("sample", c.shape);
     c.metric = "tokens exact, logprob |d|";
     c.tol = 2e-5;
     c.bench = vocab == 129280;
-    c.make = [rows = rows, vocab = vocab](cuda::Context&, const MakeOptions& o) {
-      return sample_case(o.seed, rows, vocab);
+    c.make = [rows = rows, vocab = vocab, top_n = top_n](cuda::Context&, const MakeOptions& o) {
+      return sample_case(o.seed, rows, vocab, top_n);
     };
     add_case(out, std::move(c));
   }

@@ -30,7 +30,7 @@ struct BenchOptions {
   int repeats = 7;
   bool no_pdl = false;
   bool fast_prefill = false;
-  bool sample_on_device = false;
+  bool sample_on_device = true;
   // bench model
   int64_t layers = 0;
   std::vector<int64_t> prefill{2048, 8192};
@@ -240,9 +240,10 @@ cm::cli::CommandRegistrar reg({"bench", "Benchmark the GPU kernels or a syntheti
                                  app.add_flag("--fast-prefill", o->fast_prefill,
                                               "model: prefill steps over 256 tokens run the quantized linears as "
                                               "BF16 cuBLAS GEMMs (not batch-invariant; as the engine's --fast-prefill)");
-                                 app.add_flag("--sample-on-device", o->sample_on_device,
-                                              "model: decode steps sample on the device (temperature 1, top-p 0.95) "
-                                              "instead of copying B x vocab logits to the host");
+                                 app.add_flag("--sample-on-device,!--no-sample-on-device", o->sample_on_device,
+                                              "model: decode steps sample on the device (temperature 1, top-p 0.95; "
+                                              "the default, as the engine's) or, with --no-sample-on-device, copy "
+                                              "B x vocab logits to the host and sample there");
                                  return [o]() -> int { return run_bench(*o); };
                                }});
 

@@ -74,9 +74,10 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
                "CUDA: run the quantized linears of prefill steps over 256 tokens as BF16 cuBLAS GEMMs (faster; a "
                "prompt's logits then depend on its chunking and on what shares its step, within bf16 rounding)")
       ->envname("CLAWMINE_FAST_PREFILL");
-  app.add_flag("--sample-on-device", o.sample_on_device,
+  app.add_flag("--sample-on-device,!--no-sample-on-device", o.sample_on_device,
                "Draw tokens where the logits are (the GPU, or the CPU backend's own memory) in the steps that allow "
-               "it (no logprobs, no grammar): the same tokens, without copying vocab-wide logits rows to the host")
+               "it (no logprobs, no grammar): the same tokens, without copying vocab-wide logits rows to the host "
+               "(default on; --no-sample-on-device or CLAWMINE_SAMPLE_ON_DEVICE=0 samples every row on the host)")
       ->envname("CLAWMINE_SAMPLE_ON_DEVICE");
   app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
                  "CUDA: the fraction of the GPU's total memory clawmine may use for weights, per-sequence state, "

@@ -25,7 +25,7 @@ struct EngineOptions {
   double gpu_memory_utilization = 0.9;  // --gpu-memory-utilization U   env CLAWMINE_GPU_MEMORY_UTILIZATION
   bool enforce_eager = false;      // --enforce-eager (CUDA: no graphs)   env CLAWMINE_ENFORCE_EAGER
   bool fast_prefill = false;       // --fast-prefill (CUDA: not batch-invariant)   env CLAWMINE_FAST_PREFILL
-  bool sample_on_device = false;   // --sample-on-device (draw tokens where the logits are)   env CLAWMINE_SAMPLE_ON_DEVICE
+  bool sample_on_device = true;    // --sample-on-device / --no-sample-on-device   env CLAWMINE_SAMPLE_ON_DEVICE
   CLI::Option* model_flag = nullptr;
   double load_seconds = 0;         // set by load_model
   int threads_used = 0;            // set by load_model

@@ -4,7 +4,9 @@
 // Per row, in this order (every step exact or explicitly rounded, sample_math.h):
 //   1. status: a NaN or +inf logit -> kSampleNonFinite (no token, -1).
 //   2. raw logprob statistics of the row as given (max, sum of exp): the returned logprob is the chosen
-//      token's under the model's own distribution (before bias, penalties, mask and temperature).
+//      token's under the model's own distribution (before bias, penalties, mask and temperature); with
+//      top_n > 0 also the top_n largest raw logits (value descending, lowest id first on ties) and their
+//      raw logprobs (OpenAI's top_logprobs).
 //   3. adjustments, a sorted-free list of distinct ids per row (CSR: adj[off[r] .. off[r+1])):
 //      a = logit + bias; for count > 0: a = a > 0 ? a / repetition : a * repetition (HF / llama.cpp),
 //      then a -= count * frequency + presence (OpenAI). The kernel writes each adjusted value back into
@@ -45,6 +47,8 @@ struct SampleAdjust {
   float orig = 0.0f;  // written by the sampler: the id's logit before the adjustment
 };
 
+constexpr int32_t kMaxSampleTopN = 20;  // top logprobs per row (OpenAI's limit)
+
 enum SampleStatus : int32_t { kSampleOk = 0, kSampleNonFinite = 1, kSampleNothingAllowed = 2 };
 
 // Throws cm::Error naming the first field out of range (temperature < 0 or non-finite, top_p outside
@@ -65,17 +69,24 @@ struct SampleArgs {
   int32_t* token = nullptr;
   float* logprob = nullptr;
   int32_t* status = nullptr;
+  // top_n in [0, kMaxSampleTopN]; top_id / top_logprob [rows, top_n] (-1 / NaN for a non-finite row, or
+  // past the vocabulary's end).
+  int32_t top_n = 0;
+  int32_t* top_id = nullptr;
+  float* top_logprob = nullptr;
 };
 
 // CPU (src/backend/cpu/sample.cpp): host pointers. cm::Error on bad shapes, parameters, or an
 // adjustment id outside [0, vocab).
 void sample_rows_cpu(const SampleArgs& a);
 
-// --- CUDA (src/backend/cuda/sampling/sample.cu); device pointers, params checked by the caller. ---
+// --- CUDA (src/backend/cuda/sampling/sm90_sample.cu); device pointers, params checked by the caller. ---
 namespace cuda {
 class Context;
 }
-// One CTA per row (its own fixed order), so rows never interact.
+// One cluster of CTAs per row (a fixed order per vocabulary size), so rows never interact and a row gives
+// the same bits alone or in any batch. cm::Error for a vocabulary above sample_rows_cuda_max_vocab().
 void sample_rows_cuda(cuda::Context& ctx, const SampleArgs& a);
+int64_t sample_rows_cuda_max_vocab();
 
 }  // namespace cm

@@ -328,11 +328,13 @@ bool Engine::step_once() {
   b.slot = b_slot_.data();
   b.logits = b_logits_.data();
   std::vector<std::pair<Seq*, std::string>> failed;
-  // Sampling on the backend: every logits row a token to draw for a job without logprobs or grammar.
+  // Sampling on the backend: every logits row a token to draw for a job without a grammar (logprobs,
+  // with at most kMaxSampleTopN alternatives, come back with the tokens).
   bool on_device = opt_.sample_on_device && be_.samples_on_device() && !row_seq.empty() &&
                    int64_t(row_seq.size()) <= be_.shape().max_slots;
   std::vector<Seq*> dev_seqs;
-  for (const auto& [s, pos] : row_seq) on_device = on_device && pos < 0 && !s->constraint && s->job->spec.logprobs < 0;
+  for (const auto& [s, pos] : row_seq)
+    on_device = on_device && pos < 0 && !s->constraint && s->job->spec.logprobs <= kMaxSampleTopN;
   if (on_device) {
     for (const auto& [s, pos] : row_seq) dev_seqs.push_back(s);
     try {
@@ -431,6 +433,10 @@ void Engine::on_logits(Seq& s, const float* row) {
 bool Engine::build_device_sampling(const std::vector<Seq*>& seqs) {
   const size_t R = seqs.size();
   d_params_.resize(R), d_token_.assign(R, -1), d_logprob_.assign(R, 0.0f), d_offsets_.assign(R + 1, 0);
+  d_top_n_ = 0;
+  for (const Seq* s : seqs) d_top_n_ = std::max(d_top_n_, int32_t(s->job->spec.logprobs));
+  d_top_id_.assign(R * size_t(d_top_n_), -1);
+  d_top_lp_.assign(R * size_t(d_top_n_), 0.0f);
   d_adj_.clear();
   d_mask_.clear();  // filled (all allowed) only when some row bans ids
   const int64_t mask_words = (vocab_ + 31) / 32;
@@ -458,6 +464,7 @@ bool Engine::sample_rows_on_device(const std::vector<Seq*>& seqs) {
   if (!d_mask_.empty()) ss.mask = d_mask_.data(), ss.mask_words = (vocab_ + 31) / 32;
   ss.token = d_token_.data();
   ss.logprob = d_logprob_.data();
+  if (d_top_n_ > 0) ss.top_n = d_top_n_, ss.top_id = d_top_id_.data(), ss.top_logprob = d_top_lp_.data();
   try {
     be_.sample_last_step(ss);
   } catch (const std::exception& e) {
@@ -470,11 +477,22 @@ bool Engine::sample_rows_on_device(const std::vector<Seq*>& seqs) {
     return false;
   }
   // Drawing may finish sequences (erasing them from running_): each row's sequence is distinct.
-  for (size_t r = 0; r < R; ++r) on_token(*seqs[r], d_token_[r], nullptr);
+  for (size_t r = 0; r < R; ++r) {
+    const int k = seqs[r]->job->spec.logprobs;
+    TokenOut lp;
+    if (k >= 0) {
+      lp.logprob = d_logprob_[r];
+      for (int j = 0; j < k; ++j) {
+        const size_t at = r * size_t(d_top_n_) + size_t(j);
+        if (d_top_id_[at] >= 0) lp.top.push_back({d_top_id_[at], d_top_lp_[at]});
+      }
+    }
+    on_token(*seqs[r], d_token_[r], nullptr, k >= 0 ? &lp : nullptr);
+  }
   return true;
 }
 
-void Engine::on_token(Seq& s, int32_t id, const float* row) {
+void Engine::on_token(Seq& s, int32_t id, const float* row, const TokenOut* lp) {
   const JobSpec& spec = s.job->spec;
   const auto now = Clock::now();
   if (s.generated == 0) {
@@ -492,6 +510,7 @@ void Engine::on_token(Seq& s, int32_t id, const float* row) {
   TokenOut t;
   t.id = id;
   if (spec.logprobs >= 0 && row) logprobs_of(row, vocab_, id, spec.logprobs, t);
+  if (spec.logprobs >= 0 && lp) t.logprob = lp->logprob, t.top = lp->top;
   ev.tokens.push_back(std::move(t));
   if (spec.prompt_logprobs && s.generated == 1) {
     TokenOut first;

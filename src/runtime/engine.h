@@ -125,7 +125,7 @@ struct EngineOptions {
   // Sample where the logits are (ModelBackend::sample_last_step: the host neither copies nor scans
   // rows x vocab floats) in the steps whose every logits row is a token to draw for a job without
   // logprobs or a grammar; the others return their logits as before. The same tokens either way.
-  bool sample_on_device = false;
+  bool sample_on_device = true;
   // Called by the engine thread after an iteration that found nothing to do (at least every 50 ms
   // while idle): a server over many ranks passes its LeaderBackend's keepalive here.
   std::function<void()> on_idle;
@@ -171,7 +171,9 @@ class Engine {
   bool waits_for_fork(const Job& j) const;
   void on_logits(Seq& s, const float* row);
   // The job's next token id is drawn (row: its logits, or null when they stayed on the device).
-  void on_token(Seq& s, int32_t id, const float* row);
+  // row: the raw logits the token came from (its logprobs are computed from them), or null; lp: the
+  // token's logprobs when the backend computed them (device sampling), or null.
+  void on_token(Seq& s, int32_t id, const float* row, const TokenOut* lp = nullptr);
   // The step's sampling arrays for the backend (one row per sequence, in order); false when they
   // exceed what a backend takes (ModelBackend::kMaxSampleAdjust): the step then returns its logits.
   bool build_device_sampling(const std::vector<Seq*>& seqs);
@@ -208,6 +210,9 @@ class Engine {
   std::vector<uint32_t> d_mask_;
   std::vector<int32_t> d_token_;
   std::vector<float> d_logprob_;
+  int32_t d_top_n_ = 0;  // the step's top logprobs per row (the largest any of its jobs asks)
+  std::vector<int32_t> d_top_id_;
+  std::vector<float> d_top_lp_;
   static constexpr int32_t kPromptRows = 64;  // prompt_logprobs rows a step may ask for
 };
 

@@ -47,6 +47,10 @@ struct StepSampling {
   int64_t mask_words = 0;
   int32_t* token = nullptr;              // out [R]
   float* logprob = nullptr;              // out [R]: the token's logprob under the raw logits
+  // top_n in [0, kMaxSampleTopN] (ops/sample.h): the raw distribution's top_n ids and logprobs per row.
+  int32_t top_n = 0;
+  int32_t* top_id = nullptr;      // out [R, top_n]
+  float* top_logprob = nullptr;   // out [R, top_n]
 };
 
 // Sizes only. max_ctx is the longest sequence a slot may hold (positions

@@ -300,6 +300,9 @@ void CpuBackend::sample_last_step(const StepSampling& s) {
   a.token = s.token;
   a.logprob = s.logprob;
   a.status = sample_status_.data();
+  a.top_n = s.top_n;
+  a.top_id = s.top_id;
+  a.top_logprob = s.top_logprob;
   last_rows_ = -1;  // the rows are adjusted in place: one draw per step
   sample_rows_cpu(a);
   for (int64_t r = 0; r < R; ++r) {

@@ -59,9 +59,10 @@ uint32_t radix_select(const std::vector<uint32_t>& w, uint32_t floor_w, uint64_t
 }
 
 void sample_row(float* x, int64_t V, const SampleParams& p, SampleAdjust* adj, int64_t n_adj, const uint32_t* mask,
-                int32_t& token, float& logprob, int32_t& status) {
+                int32_t& token, float& logprob, int32_t& status, int32_t top_n, int32_t* top_id, float* top_lp) {
   token = -1;
   logprob = std::numeric_limits<float>::quiet_NaN();
+  for (int32_t k = 0; k < top_n; ++k) top_id[k] = -1, top_lp[k] = std::numeric_limits<float>::quiet_NaN();
   // 1-2. non-finite check and the raw distribution's statistics
   float m_raw = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < V; ++i) {
@@ -73,6 +74,15 @@ void sample_row(float* x, int64_t V, const SampleParams& p, SampleAdjust* adj, i
   }
   double s_raw = 0;
   for (int64_t i = 0; i < V; ++i) s_raw += std::exp(double(x[i]) - double(m_raw));
+  const auto raw_logprob = [&](float v) { return float(double(v) - double(m_raw) - std::log(s_raw)); };
+  if (top_n > 0) {  // 2b. the raw top_n (value descending, lowest id on ties)
+    std::vector<int32_t> ids(static_cast<size_t>(V));
+    for (int64_t i = 0; i < V; ++i) ids[size_t(i)] = int32_t(i);
+    const size_t k = std::min(size_t(top_n), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(k), ids.end(),
+                      [&](int32_t a, int32_t b) { return x[a] != x[b] ? x[a] > x[b] : a < b; });
+    for (size_t j = 0; j < k; ++j) top_id[j] = ids[j], top_lp[j] = raw_logprob(x[ids[j]]);
+  }
   // 3. adjustments, in place (distinct ids: the GPU applies them in parallel)
   {
     std::vector<int32_t> ids(static_cast<size_t>(n_adj));
@@ -135,7 +145,7 @@ void sample_row(float* x, int64_t V, const SampleParams& p, SampleAdjust* adj, i
   float raw = x[token];
   for (int64_t j = 0; j < n_adj; ++j)
     if (adj[j].id == token) raw = adj[j].orig;
-  logprob = float(double(raw) - double(m_raw) - std::log(s_raw));
+  logprob = raw_logprob(raw);
 }
 
 }  // namespace
@@ -147,6 +157,8 @@ void sample_rows_cpu(const SampleArgs& a) {
            (long long)a.mask_words, (long long)a.vocab);
   CM_CHECK(a.logits && a.params && a.token && a.logprob && a.status, "sample: a null array");
   CM_CHECK(!a.adj_offsets == !a.adj, "sample: adjustments need both adj and adj_offsets");
+  CM_CHECK(a.top_n >= 0 && a.top_n <= kMaxSampleTopN && (a.top_n == 0 || (a.top_id && a.top_logprob)),
+           "sample: top_n {} must be in [0, {}] with its output arrays", a.top_n, kMaxSampleTopN);
   for (int64_t r = 0; r < a.rows; ++r) {
     check_sample_params(a.params[r]);
     int64_t n_adj = 0;
@@ -158,7 +170,8 @@ void sample_rows_cpu(const SampleArgs& a) {
       adj = a.adj + a.adj_offsets[r];
     }
     sample_row(a.logits + r * a.vocab, a.vocab, a.params[r], adj, n_adj,
-               a.mask ? a.mask + r * a.mask_words : nullptr, a.token[r], a.logprob[r], a.status[r]);
+               a.mask ? a.mask + r * a.mask_words : nullptr, a.token[r], a.logprob[r], a.status[r], a.top_n,
+               a.top_id + r * a.top_n, a.top_logprob + r * a.top_n);
   }
 }
 

@@ -20,6 +20,7 @@
 #include "backend/step_plan.h"
 #include "ops/compressor.h"
 #include "ops/hc.h"
+#include "ops/sample.h"
 
 namespace cm {
 
@@ -52,7 +53,7 @@ class CudaBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override;
   void copy_slot(int32_t from, int32_t to) override;
   void step(const Batch& batch, float* logits_out) override;
-  bool samples_on_device() const override { return true; }
+  bool samples_on_device() const override { return m_.config.vocab_size <= sample_rows_cuda_max_vocab(); }
   void sample_last_step(const StepSampling& s) override;
   size_t host_copies() const { return obs_.host_copies(); }
 
@@ -78,7 +79,8 @@ class CudaBackend final : public ModelBackend {
   // Where sample_last_step's arrays sit in act_.sample and sample_host_ (byte offsets), for
   // max_slots rows and V-bit masks.
   struct SampleStage {
-    size_t params = 0, offsets = 0, adj = 0, mask = 0, token = 0, logprob = 0, status = 0, bytes = 0;
+    size_t params = 0, offsets = 0, adj = 0, mask = 0, token = 0, logprob = 0, status = 0, top_id = 0, top_lp = 0,
+           bytes = 0;
     int64_t rows = 0, mask_words = 0;
   };
   static SampleStage sample_stage(int64_t rows, int64_t vocab);

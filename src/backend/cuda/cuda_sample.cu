@@ -3,6 +3,7 @@
 // samples every row, and only tokens, logprobs and statuses come back — R x 12 bytes instead of
 // R x vocab x 4.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -31,6 +32,8 @@ CudaBackend::SampleStage CudaBackend::sample_stage(int64_t rows, int64_t vocab) 
   s.token = take(size_t(rows) * 4);
   s.logprob = take(size_t(rows) * 4);
   s.status = take(size_t(rows) * 4);
+  s.top_id = take(size_t(rows) * kMaxSampleTopN * 4);  // right after status: one download brings them all
+  s.top_lp = take(size_t(rows) * kMaxSampleTopN * 4);
   s.bytes = at;
   return s;
 }
@@ -43,6 +46,8 @@ void CudaBackend::sample_last_step(const StepSampling& in) {
               (long long)R, (long long)st.rows);
   CM_CU_CHECK(in.params && in.token && in.logprob && (!in.adj == !in.adj_offsets),
               "sample_last_step: params, token and logprob are required (adj with its offsets)");
+  CM_CU_CHECK(in.top_n >= 0 && in.top_n <= kMaxSampleTopN && (in.top_n == 0 || (in.top_id && in.top_logprob)),
+              "sample_last_step: top_n %d must be in [0, %d] with its output arrays", in.top_n, kMaxSampleTopN);
   CM_CU_CHECK(!in.mask || in.mask_words == st.mask_words, "sample_last_step: masks of %lld words, the vocabulary needs %lld",
               (long long)in.mask_words, (long long)st.mask_words);
   if (R == 0) return;
@@ -56,9 +61,9 @@ void CudaBackend::sample_last_step(const StepSampling& in) {
       CM_CU_CHECK(in.adj_offsets[r + 1] >= in.adj_offsets[r], "sample_last_step: offsets of row %lld go backwards",
                   (long long)r);
     for (int64_t j = 0; j < n_adj; ++j)  // the kernel writes logits[id]: ids must be inside the row
-      CM_CU_CHECK(in.adj[j].id >= 0 && in.adj[j].id < V && in.adj[j].count >= 0,
-                  "sample_last_step: adjustment %lld: id %d outside the vocabulary or count %d", (long long)j,
-                  in.adj[j].id, in.adj[j].count);
+      CM_CU_CHECK(in.adj[j].id >= 0 && in.adj[j].id < V && in.adj[j].count >= 0 && std::isfinite(in.adj[j].bias),
+                  "sample_last_step: adjustment %lld: id %d outside the vocabulary, count %d or bias %g", (long long)j,
+                  in.adj[j].id, in.adj[j].count, double(in.adj[j].bias));
   }
 
   // Up: through one pinned staging buffer, the parts in use.
@@ -93,12 +98,18 @@ void CudaBackend::sample_last_step(const StepSampling& in) {
   a.token = reinterpret_cast<int32_t*>(d + st.token);
   a.logprob = reinterpret_cast<float*>(d + st.logprob);
   a.status = reinterpret_cast<int32_t*>(d + st.status);
+  if (in.top_n > 0) {
+    a.top_n = in.top_n;
+    a.top_id = reinterpret_cast<int32_t*>(d + st.top_id);
+    a.top_logprob = reinterpret_cast<float*>(d + st.top_lp);
+  }
   {
     cuda::OpScope op(ctx, "sample");
     sample_rows_cuda(ctx, a);
   }
   // Down: tokens, logprobs and statuses (contiguous), the step's one synchronisation.
-  const size_t out_bytes = st.status + size_t(R) * 4 - st.token;
+  const size_t out_bytes =
+      (in.top_n > 0 ? st.top_lp + size_t(R * in.top_n) * 4 : st.status + size_t(R) * 4) - st.token;
   CM_CUDA(cudaMemcpyAsync(h + st.token, d + st.token, out_bytes, cudaMemcpyDeviceToHost, ctx.stream()));
   CM_CUDA(cudaStreamSynchronize(ctx.stream()));
   last_logit_rows_ = 0;  // the logits were adjusted in place: a second call would sample other values
@@ -112,6 +123,10 @@ void CudaBackend::sample_last_step(const StepSampling& in) {
   }
   std::memcpy(in.token, h + st.token, size_t(R) * 4);
   std::memcpy(in.logprob, h + st.logprob, size_t(R) * 4);
+  if (in.top_n > 0) {
+    std::memcpy(in.top_id, h + st.top_id, size_t(R * in.top_n) * 4);
+    std::memcpy(in.top_logprob, h + st.top_lp, size_t(R * in.top_n) * 4);
+  }
 }
 
 }  // namespace cm
