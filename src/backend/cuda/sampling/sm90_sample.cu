@@ -40,6 +40,7 @@ struct Part {
 
 struct Shared {
   unsigned long long hist[kWarps][256];  // per-warp radix histograms (no contention between warps)
+  uint32_t lane_w[kWarps][32];           // a warp's weights of one pass, for its bins' leaders to sum
   unsigned long long merged[2][256];     // this CTA's histogram, read by its peers (double-buffered)
   Part part[2];                          // this CTA's partial, read by its peers (double-buffered)
   float top_v[kMaxSampleTopN];           // this CTA's raw top_n (read by rank 0; written once)
@@ -166,9 +167,29 @@ __device__ uint32_t radix_select(Shared& s, Cluster& c, const uint32_t* w, int64
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = tid; b < kWarps * 256; b += kThreads) (&s.hist[0][0])[b] = 0;
     __syncthreads();
-    for (int64_t i = tid; i < n; i += kThreads) {
-      const uint32_t v = w[i];
-      if (v >= floor_w && (v & pmask) == prefix) atomicAdd(&s.hist[warp][(v >> shift) & 255u], by_mass ? v : 1ull);
+    // Most weights share a few bins (every token far below the top one lands in bin 0 of the first
+    // round), so lanes of a warp that hit one bin are combined first and only the lowest of them adds:
+    // a lone writer per bin and warp, no atomics and no serialised conflicts.
+    const int lane = tid & 31;
+    for (int64_t base = 0; base < n; base += kThreads) {
+      const int64_t i = base + tid;
+      const uint32_t v = i < n ? w[i] : 0u;
+      const bool in = i < n && v >= floor_w && (v & pmask) == prefix;
+      const uint32_t bin = in ? (v >> shift) & 255u : 256u;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      const bool leader = in && lane == __ffs(peers) - 1;
+      if (by_mass) {
+        s.lane_w[warp][lane] = v;
+        __syncwarp();
+        if (leader) {
+          unsigned long long sum = 0;
+          for (unsigned m = peers; m; m &= m - 1) sum += s.lane_w[warp][__ffs(m) - 1];
+          s.hist[warp][bin] += sum;
+        }
+      } else if (leader) {
+        s.hist[warp][bin] += __popc(peers);
+      }
+      __syncwarp();  // this round's writes are seen by the next round's leaders (other lanes)
     }
     __syncthreads();
     unsigned long long* mine = s.merged[c.pub & 1];
@@ -185,7 +206,6 @@ __device__ uint32_t radix_select(Shared& s, Cluster& c, const uint32_t* w, int64
     ++c.pub;
     // the inclusive suffix sum over bins >= tid: within each of 8 warps from the high lanes down, then
     // plus the warps above
-    const int lane = tid & 31;
     unsigned long long inc = h;
     for (int o = 1; o < 32; o <<= 1) {
       const unsigned long long t = __shfl_down_sync(0xffffffffu, inc, o);
