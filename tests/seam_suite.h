@@ -479,4 +479,137 @@ TEST_P(Seam, SampleOnDeviceDrawsTheHostTokens) {
   EXPECT_NE(msg.find("l1.s1.attn_in"), std::string::npos) << msg;
 }
 
+// Speculative steps leave no trace (ModelBackend::rollback_slot): slots 1 and 2 run undoable steps of
+// 1..undo_token_limit() random tokens side by side (sometimes as two undoable steps in a row), then each
+// rolls back to a random number of accepted tokens, while slot 0 decodes in the same steps and commits.
+// A second backend sees only the accepted tokens. After every round each slot's state equals the
+// reference's byte for byte, and the speculative rows that were accepted have the reference's logits
+// bit for bit. Over-long undoable runs and rollbacks outside the log are errors that change nothing.
+TEST_P(SeamMixedBatch, RollbackLeavesNoTrace) {
+  auto m = model_load(kData + "/" + fixture());
+  const int64_t V = m->config.vocab_size, ctx = 256;
+  auto sp = backend(*m, 3, 32, ctx);
+  if (!sp) GTEST_SKIP() << "no " << device_name(device()) << " backend here";
+  auto ref = backend(*m, 3, 32, ctx);
+  const int64_t lim = sp->undo_token_limit();
+  ASSERT_GE(lim, 2);
+  std::mt19937 rng(11);
+  auto tokv = [&] { return int32_t(rng() % uint32_t(V)); };
+  struct Rows {
+    std::vector<int32_t> tok, pos, slot;
+    std::vector<uint8_t> want;
+    void add(int32_t t, int64_t p, int32_t s) { tok.push_back(t), pos.push_back(int32_t(p)), slot.push_back(s), want.push_back(1); }
+  };
+  auto run = [&](ModelBackend& be, const Rows& r, bool undoable) {
+    std::vector<float> out(r.tok.size() * size_t(V));
+    Batch b{int32_t(r.tok.size()), r.tok.data(), r.pos.data(), r.slot.data(), r.want.data()};
+    b.undoable = undoable;
+    be.step(b, out.data());
+    return out;
+  };
+  {  // 5 tokens in every slot, plainly
+    Rows r;
+    for (int32_t s = 0; s < 3; ++s)
+      for (int64_t j = 0; j < 5; ++j) r.add(tokv(), j, s);
+    EXPECT_EQ(std::memcmp(run(*sp, r, false).data(), run(*ref, r, false).data(), r.tok.size() * size_t(V) * 4), 0);
+  }
+  int rounds = 0, rolled = 0, split = 0;
+  while (sp->slot_pos(1) < ctx - 2 * lim - 4 && sp->slot_pos(2) < ctx - 2 * lim - 4) {
+    ++rounds;
+    int64_t n[3] = {1, 1 + int64_t(rng() % uint32_t(lim)), 1 + int64_t(rng() % uint32_t(lim))};
+    std::vector<int32_t> toks[3];
+    int64_t pos0[3];
+    for (int32_t s = 0; s < 3; ++s) {
+      pos0[s] = sp->slot_pos(s);
+      for (int64_t j = 0; j < n[s]; ++j) toks[s].push_back(tokv());
+    }
+    // One undoable step, or two (the first cut at n1 rows of each speculating slot).
+    const bool two = rng() % 3 == 0 && n[1] > 1 && n[2] > 1;
+    split += two;
+    std::vector<float> rows_of[3];
+    int64_t cut[3] = {n[0], two ? 1 + int64_t(rng() % uint32_t(n[1] - 1)) : n[1], two ? 1 + int64_t(rng() % uint32_t(n[2] - 1)) : n[2]};
+    for (int part = 0; part < (two ? 2 : 1); ++part) {
+      Rows r;
+      for (int32_t s : {2, 0, 1}) {
+        const int64_t a = part == 0 ? 0 : cut[s], e = part == 0 ? cut[s] : n[s];
+        for (int64_t j = a; j < e; ++j) r.add(toks[s][size_t(j)], pos0[s] + j, s);
+      }
+      if (r.tok.empty()) continue;
+      const std::vector<float> out = run(*sp, r, true);
+      for (size_t i = 0; i < r.tok.size(); ++i)
+        rows_of[r.slot[i]].insert(rows_of[r.slot[i]].end(), out.begin() + long(i * size_t(V)),
+                                  out.begin() + long((i + 1) * size_t(V)));
+    }
+    // Accept a random prefix of each speculating slot; slot 0 commits its token.
+    int64_t acc[3] = {n[0], int64_t(rng() % uint32_t(n[1] + 1)), int64_t(rng() % uint32_t(n[2] + 1))};
+    if (rng() % 4 == 0) acc[1] = n[1];
+    for (int32_t s = 0; s < 3; ++s) {
+      sp->rollback_slot(s, pos0[s] + acc[s]);
+      rolled += acc[s] < n[s];
+      ASSERT_EQ(sp->slot_pos(s), pos0[s] + acc[s]);
+    }
+    Rows r;
+    for (int32_t s = 0; s < 3; ++s)
+      for (int64_t j = 0; j < acc[s]; ++j) r.add(toks[s][size_t(j)], pos0[s] + j, s);
+    const std::vector<float> want = run(*ref, r, false);
+    size_t at = 0;
+    for (int32_t s = 0; s < 3; ++s) {
+      EXPECT_EQ(std::memcmp(rows_of[s].data(), want.data() + at * size_t(V), size_t(acc[s] * V) * 4), 0)
+          << fixture() << " round " << rounds << " slot " << s << ": accepted rows differ from the reference";
+      at += size_t(acc[s]);
+      EXPECT_TRUE(sp->slot_state(s) == ref->slot_state(s))
+          << fixture() << " round " << rounds << " slot " << s << " at " << pos0[s] << " + " << acc[s] << " of "
+          << n[s] << ": the state after the rollback is not the reference's";
+    }
+    if (HasFailure()) return;
+  }
+  EXPECT_GT(rolled, 20);
+  EXPECT_GT(split, 3);
+  {  // and the slots go on as the reference
+    Rows r;
+    for (int32_t s = 0; s < 3; ++s)
+      for (int64_t j = 0; j < 3; ++j) r.add(tokv(), sp->slot_pos(s) + j, s);
+    EXPECT_EQ(std::memcmp(run(*sp, r, false).data(), run(*ref, r, false).data(), r.tok.size() * size_t(V) * 4), 0);
+  }
+
+  // Errors change nothing.
+  const std::vector<uint8_t> before = sp->slot_state(1);
+  const int64_t p1 = sp->slot_pos(1);
+  Rows longer;
+  for (int64_t j = 0; j <= lim; ++j) longer.add(tokv(), p1 + j, 1);
+  std::string msg = "no error";
+  try {
+    run(*sp, longer, true);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("rollback can undo"), std::string::npos) << msg;
+  EXPECT_EQ(sp->slot_pos(1), p1);
+  EXPECT_TRUE(sp->slot_state(1) == before);
+  msg = "no error";
+  try {
+    sp->rollback_slot(1, p1 - 1);  // no log open
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("no undoable step"), std::string::npos) << msg;
+  sp->rollback_slot(1, p1);  // a commit with nothing to undo
+  Rows one;
+  one.add(tokv(), p1, 1);
+  run(*sp, one, true);
+  msg = "no error";
+  try {
+    sp->rollback_slot(1, p1 - 1);  // before the log's start
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("outside"), std::string::npos) << msg;
+  EXPECT_EQ(sp->slot_pos(1), p1 + 1);
+  sp->rollback_slot(1, p1);
+  EXPECT_TRUE(sp->slot_state(1) == before);
+  std::printf("  %s %s: %d rounds, %d rollbacks, %d split speculations, undo limit %lld tokens\n",
+              device_name(device()), fixture().c_str(), rounds, rolled, split, (long long)lim);
+}
+
+
 }  // namespace seam_suite

@@ -13,7 +13,7 @@ namespace cm {
 
 namespace {
 
-enum Kind : int32_t { kStop = 0, kReserve = 1, kReset = 2, kCopy = 3, kStep = 4, kKeepalive = 5 };
+enum Kind : int32_t { kStop = 0, kReserve = 1, kReset = 2, kCopy = 3, kStep = 4, kRollback = 5, kKeepalive = 6 };
 struct Command {
   int32_t v[5] = {0, 0, 0, 0, 0};  // kind, a, b, c, d
 };
@@ -86,11 +86,23 @@ void LeaderBackend::copy_slot(int32_t from, int32_t to) {
   local_.copy_slot(from, to);
 }
 
+void LeaderBackend::rollback_slot(int32_t slot, int64_t pos) {
+  Command c;
+  const uint64_t p = uint64_t(pos);
+  c.v[0] = kRollback;
+  c.v[1] = slot;
+  c.v[2] = int32_t(uint32_t(p & 0xffffffffu));
+  c.v[3] = int32_t(uint32_t(p >> 32));
+  exchange(comm_, c);
+  local_.rollback_slot(slot, pos);
+}
+
 void LeaderBackend::step(const Batch& b, float* logits_out) {
   if (b.n < 0 || (b.n > 0 && (!b.token || !b.pos || !b.slot || !b.logits)))
     fail("step: a batch of {} rows without its arrays", b.n);  // before any rank is told
   Command c;
   c.v[0] = kStep;
+  c.v[1] = b.undoable ? 1 : 0;
   exchange(comm_, c);
   OwnedBatch p;
   p.token.assign(b.token, b.token + b.n);
@@ -113,18 +125,23 @@ void run_follower(ModelBackend& local, Comm& comm, int64_t vocab) {
         case kReserve: local.reserve(reserved_shape(c)); break;
         case kReset: local.reset_slot(c.v[1]); break;
         case kCopy: local.copy_slot(c.v[1], c.v[2]); break;
+        case kRollback:
+          local.rollback_slot(c.v[1], int64_t(uint64_t(uint32_t(c.v[2])) | (uint64_t(uint32_t(c.v[3])) << 32)));
+          break;
         case kStep: {
           const OwnedBatch p = broadcast_batch(comm, OwnedBatch{});
           int64_t want = 0;
           for (uint8_t w : p.logits) want += w != 0;
           logits.resize(size_t(want * vocab));
-          local.step(p.batch(), logits.data());
+          Batch b = p.batch();
+          b.undoable = c.v[1] != 0;
+          local.step(b, logits.data());
           break;
         }
         default: fail("run_follower: rank 0 sent an unknown command {}", c.v[0]);
       }
     } catch (const Error&) {
-      if (c.v[0] < kReserve || c.v[0] > kStep) throw;  // the stream of commands is broken
+      if (c.v[0] < kReserve || c.v[0] > kRollback) throw;  // the stream of commands is broken
       // The same call failed on rank 0 (same checks, same data), whose caller gets the error; this
       // rank goes on. If instead the group broke (a rank gone), the next exchange throws.
     }

@@ -39,6 +39,9 @@ class LeaderBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override;
   void copy_slot(int32_t from, int32_t to) override;
   void step(const Batch& batch, float* logits_out) override;
+  int64_t undo_token_limit() const override { return local_.undo_token_limit(); }
+  void rollback_slot(int32_t slot, int64_t pos) override;
+  std::vector<uint8_t> slot_state(int32_t slot) const override { return local_.slot_state(slot); }
   // Sampling is rank 0's alone (no collective): the followers computed the same logits and drop them.
   bool samples_on_device() const override { return local_.samples_on_device(); }
   void sample_last_step(const StepSampling& s) override { local_.sample_last_step(s); }

@@ -17,6 +17,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "seam/observer.h"
 #include "ops/linear.h"
@@ -34,6 +35,11 @@ struct Batch {
   const int32_t* pos = nullptr;
   const int32_t* slot = nullptr;
   const uint8_t* logits = nullptr;
+  // Speculative steps (MTP's verify and draft steps): the backend keeps the previous contents of every
+  // state row the step writes, so that rollback_slot can return each of its slots to any position since
+  // the slot's first undoable step. A slot's undoable span is at most undo_token_limit() tokens; a step
+  // that is not undoable ends the undo logs of its slots.
+  bool undoable = false;
 };
 
 // How the rows with logits of the last step are sampled where they were computed (ops/sample.h: the
@@ -115,6 +121,24 @@ class ModelBackend {
   virtual void reset_slot(int32_t slot) = 0;
   // `to` becomes a copy of `from` (prefix reuse, forking); `from` is unchanged.
   virtual void copy_slot(int32_t from, int32_t to) = 0;
+  // The longest span of undoable steps a slot may hold before it is rolled back or committed: the
+  // smallest ring of the model's state (a window of W rows, a compressor's c·m pending rows); 0 when
+  // this backend cannot roll back.
+  virtual int64_t undo_token_limit() const { return 0; }
+  // The slot returns to holding `pos` tokens, its state bit for bit that of a run that never saw the
+  // positions after pos, and its undo log ends. pos must lie in [the position of the slot's first
+  // undoable step since its log opened, slot_pos(slot)]; rollback_slot(s, slot_pos(s)) just ends the
+  // log (commits). Anything else throws naming the slot and the range, and changes nothing.
+  virtual void rollback_slot(int32_t slot, int64_t pos) {
+    if (pos == slot_pos(slot)) return;
+    throw std::logic_error("rollback_slot: this backend keeps no undo log");
+  }
+  // The slot's state as bytes (every state tensor's rows of that slot, in layout order; the CUDA
+  // backend's window rows and entries in bf16): tests compare two slots or two runs bit for bit.
+  virtual std::vector<uint8_t> slot_state(int32_t slot) const {
+    (void)slot;
+    throw std::logic_error("slot_state: not implemented by this backend");
+  }
   // Runs the step; writes [rows with logits[i] = 1, vocab] fp32 logits in batch order.
   // Throws cm::Error (naming the limit, the slot or the bad token) and leaves every slot as it
   // was when the batch is invalid; a step whose logits are non-finite throws naming the first

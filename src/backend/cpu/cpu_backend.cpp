@@ -86,6 +86,8 @@ void CpuBackend::reserve(const CacheShape& shape) {
   layout_ = make_state_layout(c, shape.max_slots, shape.max_ctx, sizeof(float));
   state_.assign((layout_.bytes + sizeof(float) - 1) / sizeof(float), 0.0f);
   pos_.assign(size_t(shape.max_slots), 0);
+  undo_.reserve(layout_);
+  undo_log_.assign(size_t(shape.max_slots) * undo_.log_bytes_per_slot(), 0);
 
   const int64_t N = shape.max_step_tokens, D = c.hidden_size, hc = c.hc_mult, H = c.num_heads, hd = c.head_dim;
   const int64_t E = c.n_routed_experts, K = c.n_experts_per_tok, I = c.moe_inter;
@@ -157,12 +159,31 @@ int64_t CpuBackend::slot_pos(int32_t slot) const {
 void CpuBackend::reset_slot(int32_t slot) {
   check_slot(slot, "reset_slot");
   pos_[size_t(slot)] = 0;
+  undo_.drop(slot);
+}
+
+void CpuBackend::rollback_slot(int32_t slot, int64_t pos) {
+  check_slot(slot, "rollback_slot");
+  undo_.book_rollback(slot, pos, pos_[size_t(slot)], undo_copies_);
+  char* base = reinterpret_cast<char*>(state_.data());
+  for (const UndoCopy& c : undo_copies_) std::memcpy(base + c.state_off, undo_log_.data() + c.log_off, c.bytes);
+  pos_[size_t(slot)] = pos;
+}
+
+std::vector<uint8_t> CpuBackend::slot_state(int32_t slot) const {
+  check_slot(slot, "slot_state");
+  std::vector<uint8_t> out;
+  const char* base = reinterpret_cast<const char*>(state_.data());
+  for (const StateTensor& t : layout_.tensors)
+    out.insert(out.end(), base + t.slot_offset(slot), base + t.slot_offset(slot) + t.slot_bytes());
+  return out;
 }
 
 void CpuBackend::copy_slot(int32_t from, int32_t to) {
   check_slot(from, "copy_slot");
   check_slot(to, "copy_slot");
   if (from == to) return;
+  undo_.drop(to);
   char* base = reinterpret_cast<char*>(state_.data());
   for (const StateTensor& t : layout_.tensors)
     std::memcpy(base + t.slot_offset(to), base + t.slot_offset(from), t.slot_bytes());
@@ -213,6 +234,17 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
     batch_ = nullptr;
     fail("step: {} rows with logits to keep for sample_last_step, more than the {} slots reserved", plan_.n_logits,
          shape_.max_slots);
+  }
+  try {
+    undo_.check(plan_, b.undoable);
+  } catch (...) {
+    batch_ = nullptr;
+    throw;
+  }
+  undo_.book_step(plan_, b.undoable, undo_copies_);
+  {
+    const char* base = reinterpret_cast<const char*>(state_.data());
+    for (const UndoCopy& c : undo_copies_) std::memcpy(undo_log_.data() + c.log_off, base + c.state_off, c.bytes);
   }
 
   // Embedding, copied into every hyper-connection stream.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/step_plan.h"
+#include "backend/undo_log.h"
 #include "model/model.h"
 #include "seam/backend.h"
 
@@ -102,6 +103,9 @@ class CpuBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override;
   void copy_slot(int32_t from, int32_t to) override;
   void step(const Batch& batch, float* logits_out) override;
+  int64_t undo_token_limit() const override { return undo_.token_limit(); }
+  void rollback_slot(int32_t slot, int64_t pos) override;
+  std::vector<uint8_t> slot_state(int32_t slot) const override;
   // The CPU backend samples "where the logits are" too (its own memory, the same sampler): step()
   // with logits_out = nullptr keeps the logits rows for sample_last_step().
   bool samples_on_device() const override { return true; }
@@ -148,6 +152,9 @@ class CpuBackend final : public ModelBackend {
   const float* last_out_ = nullptr;       // where the last step returned them (null: kept in last_logits_)
   std::vector<SampleAdjust> sample_adj_;  // sample_last_step's copy of the adjustments (the sampler writes them)
   std::vector<int32_t> sample_status_;    // [max_slots]
+  UndoBook undo_;                         // rollback_slot's book of rows written by undoable steps
+  std::vector<uint8_t> undo_log_;         // [max_slots, undo_.log_bytes_per_slot()] those rows' previous bytes
+  std::vector<UndoCopy> undo_copies_;     // scratch: one step's or one rollback's copies
 };
 
 // The two blocks of a layer over the step's rows (x: normed block input [n, D]).

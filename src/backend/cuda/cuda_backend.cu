@@ -77,12 +77,54 @@ int64_t CudaBackend::slot_pos(int32_t slot) const {
 void CudaBackend::reset_slot(int32_t slot) {
   check_slot(slot, "reset_slot");
   pos_[size_t(slot)] = 0;  // no counters on the device: positions say what is valid
+  undo_.drop(slot);
+}
+
+void CudaBackend::undo_copy(bool to_log) {
+  const int64_t n = int64_t(undo_copies_.size());
+  if (n == 0) return;
+  undo_host_.resize(size_t(3 * n));
+  for (int64_t i = 0; i < n; ++i) {
+    const UndoCopy& u = undo_copies_[size_t(i)];
+    undo_host_[size_t(3 * i)] = int64_t(to_log ? u.log_off : u.state_off);
+    undo_host_[size_t(3 * i + 1)] = int64_t(to_log ? u.state_off : u.log_off);
+    undo_host_[size_t(3 * i + 2)] = int64_t(u.bytes);
+  }
+  CM_CU_CHECK(size_t(3 * n) * sizeof(int64_t) <= undo_spans_.size(), "undo: %lld copies exceed the reserved table",
+              (long long)n);
+  // (pageable source: the copy is staged before cudaMemcpyAsync returns, so undo_host_ may change after)
+  CM_CUDA(cudaMemcpyAsync(undo_spans_.get(), undo_host_.data(), size_t(3 * n) * sizeof(int64_t),
+                          cudaMemcpyHostToDevice, ctx_->stream()));
+  char* state = static_cast<char*>(state_.get());
+  char* log = static_cast<char*>(undo_log_.get());
+  cuda::copy_spans(*ctx_, P<int64_t>(undo_spans_), n, to_log ? log : state, to_log ? state : log);
+}
+
+void CudaBackend::rollback_slot(int32_t slot, int64_t pos) {
+  check_slot(slot, "rollback_slot");
+  undo_.book_rollback(slot, pos, pos_[size_t(slot)], undo_copies_);  // throws (cm::Error) changing nothing
+  undo_copy(false);
+  pos_[size_t(slot)] = pos;
+}
+
+std::vector<uint8_t> CudaBackend::slot_state(int32_t slot) const {
+  check_slot(slot, "slot_state");
+  std::vector<uint8_t> out(layout_.bytes_per_slot);
+  size_t at = 0;
+  const char* base = static_cast<const char*>(state_.get());
+  CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
+  for (const StateTensor& t : layout_.tensors) {
+    CM_CUDA(cudaMemcpy(out.data() + at, base + t.slot_offset(slot), t.slot_bytes(), cudaMemcpyDeviceToHost));
+    at += t.slot_bytes();
+  }
+  return out;
 }
 
 void CudaBackend::copy_slot(int32_t from, int32_t to) {
   check_slot(from, "copy_slot");
   check_slot(to, "copy_slot");
   if (from == to) return;
+  undo_.drop(to);
   char* base = static_cast<char*>(state_.get());
   for (const StateTensor& t : layout_.tensors)
     CM_CUDA(cudaMemcpyAsync(base + t.slot_offset(to), base + t.slot_offset(from), t.slot_bytes(),
@@ -115,6 +157,8 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   // The plan: the batch's rows and the rows whose logits are wanted, one transfer.
   plan_.build(b);
   const int64_t R = plan_.n_logits, max_pos = plan_.max_pos;
+  undo_.check(plan_, b.undoable);  // throws (cm::Error) before anything changes
+  undo_.book_step(plan_, b.undoable, undo_copies_);
   std::copy(b.token, b.token + n, plan_host_);
   std::copy(b.pos, b.pos + n, plan_host_ + N);
   std::copy(b.slot, b.slot + n, plan_host_ + 2 * N);
@@ -124,6 +168,10 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   {
     cuda::OpScope op(ctx, "plan upload");
     CM_CUDA(cudaMemcpyAsync(act_.plan.get(), plan_host_, size_t(4 * N) * 4, cudaMemcpyHostToDevice, ctx.stream()));
+  }
+  if (!undo_copies_.empty()) {  // an undoable step: the rows it writes, to the log first (outside any graph)
+    cuda::OpScope op(ctx, "undo log");
+    undo_copy(true);
   }
   notes_.clear();
   pending_counts_.count = 0;

@@ -18,6 +18,7 @@
 #include "backend/cuda/device_observer.h"
 #include "backend/cuda/step/step_kernels.h"
 #include "backend/step_plan.h"
+#include "backend/undo_log.h"
 #include "ops/compressor.h"
 #include "ops/hc.h"
 #include "ops/sample.h"
@@ -53,6 +54,9 @@ class CudaBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override;
   void copy_slot(int32_t from, int32_t to) override;
   void step(const Batch& batch, float* logits_out) override;
+  int64_t undo_token_limit() const override { return undo_.token_limit(); }
+  void rollback_slot(int32_t slot, int64_t pos) override;
+  std::vector<uint8_t> slot_state(int32_t slot) const override;
   bool samples_on_device() const override { return m_.config.vocab_size <= sample_rows_cuda_max_vocab(); }
   void sample_last_step(const StepSampling& s) override;
   size_t host_copies() const { return obs_.host_copies(); }
@@ -150,6 +154,13 @@ class CudaBackend final : public ModelBackend {
   cuda::DeviceObserver obs_;  // the observer's path; every device-to-host copy
   cuda::OpTimer* timer_ = nullptr;
   int64_t n_ = 0;  // rows of the current step
+  // rollback_slot (backend/undo_log.h): the book, the log's rows on the device [max_slots, per slot],
+  // and the copies of one step or rollback as device spans [max_slots · copies per slot, 3].
+  UndoBook undo_;
+  DeviceBuffer undo_log_, undo_spans_;
+  std::vector<UndoCopy> undo_copies_;
+  std::vector<int64_t> undo_host_;
+  void undo_copy(bool to_log);  // undo_copies_ on the stream: state → log (to_log) or back
   const int32_t *d_token_ = nullptr, *d_pos_ = nullptr, *d_slot_ = nullptr, *d_rows_ = nullptr;
 };
 

@@ -18,6 +18,8 @@ void CudaBackend::reserve(const CacheShape& shape) {
   // Drop the old buffers first so their memory counts as free.
   shape_ = CacheShape{0, 0, 0};
   state_.release();
+  undo_log_.release();
+  undo_spans_.release();
   act_ = Act{};
   moe_scratch_.reset();
   if (plan_host_) CM_CUDA(cudaFreeHost(plan_host_));
@@ -30,6 +32,10 @@ void CudaBackend::reserve(const CacheShape& shape) {
   const int64_t H = c.num_heads, hd = c.head_dim, E = c.n_routed_experts, K = c.n_experts_per_tok;
   const int64_t I = c.moe_inter, ih = c.index_head_dim, inh = c.index_n_heads, G = c.o_groups, ol = c.o_lora_rank;
   const StateLayout layout = make_state_layout(c, S, shape.max_ctx, 2);
+  UndoBook undo;  // rollback_slot's log: a few rows per slot and layer
+  undo.reserve(layout);
+  const size_t undo_log_bytes = size_t(S) * undo.log_bytes_per_slot();
+  const size_t undo_span_bytes = size_t(S) * size_t(undo.max_copies_per_slot()) * 3 * sizeof(int64_t);
   int64_t max_ie = 1;
   for (const LayerStateLayout& ll : layout.layers)
     if (ll.index.present()) max_ie = std::max(max_ie, ll.index.max_entries);
@@ -78,7 +84,7 @@ void CudaBackend::reserve(const CacheShape& shape) {
   };
   size_t act_bytes = 0;
   for (const Want& w : wants) act_bytes += size_t(w.bytes);
-  const size_t state_bytes = layout.bytes;
+  const size_t state_bytes = layout.bytes + undo_log_bytes + undo_span_bytes;
   const cuda::DevLayer* packed = nullptr;
   for (const cuda::DevLayer& l : dm_->layers)
     if (l.experts) packed = &l;
@@ -97,8 +103,11 @@ void CudaBackend::reserve(const CacheShape& shape) {
 
   for (const Want& w : wants) w.buf->alloc(size_t(std::max<int64_t>(w.bytes, 4)));
   if (packed) moe_scratch_ = std::make_unique<cuda::MoeScratch>(*packed->experts, int(N), int(K));
-  state_.alloc(std::max<size_t>(state_bytes, 4));
+  state_.alloc(std::max<size_t>(layout.bytes, 4));
   state_.zero();
+  undo_log_.alloc(std::max<size_t>(undo_log_bytes, 4));
+  undo_spans_.alloc(std::max<size_t>(undo_span_bytes, 24));
+  undo_ = std::move(undo);
   a.counts.zero();
   obs_.reserve();
   CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&plan_host_), size_t(4 * N) * 4));

@@ -61,6 +61,21 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t 
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) y[r * width + c] = x[src * width + c];
 }
 
+// One span per block: dst + spans[3b] ← src + spans[3b+1], spans[3b+2] bytes (4-byte words when aligned).
+__global__ void copy_spans_kernel(const int64_t* spans, char* dst, const char* src) {
+  pdl_wait_and_release();
+  const int64_t* sp = spans + 3 * int64_t(blockIdx.x);
+  char* d = dst + sp[0];
+  const char* s = src + sp[1];
+  const int64_t bytes = sp[2];
+  if (((sp[0] | sp[1] | bytes) & 3) == 0) {
+    for (int64_t i = threadIdx.x; i < bytes / 4; i += blockDim.x)
+      reinterpret_cast<uint32_t*>(d)[i] = reinterpret_cast<const uint32_t*>(s)[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < bytes; i += blockDim.x) d[i] = s[i];
+  }
+}
+
 __global__ void gather_scores_kernel(const float* score, int64_t ld, const int32_t* idx, int64_t T, int64_t topk,
                                      float* out) {
   pdl_wait_and_release();
@@ -140,6 +155,12 @@ void moe_expert_weights(Context& ctx, const int32_t* ids, const float* w, int64_
 void gather_rows(Context& ctx, const float* x, const int32_t* rows, int64_t R, int64_t width, float* y) {
   if (R <= 0) return;
   launch_kernel(ctx, gather_rows_kernel, dim3(unsigned(R)), dim3(256), 0, "gather_rows_kernel", x, rows, width, y);
+}
+
+void copy_spans(Context& ctx, const int64_t* spans, int64_t n, char* dst, const char* src) {
+  for (int64_t b = 0; b < n; b += 65535)
+    launch_kernel(ctx, copy_spans_kernel, dim3(unsigned(std::min<int64_t>(n - b, 65535))), dim3(256), 0,
+                  "copy_spans_kernel", spans + 3 * b, dst, src);
 }
 
 void gather_scores(Context& ctx, const float* score, int64_t ld, const int32_t* idx, int64_t T, int64_t topk,

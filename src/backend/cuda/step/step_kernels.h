@@ -26,6 +26,10 @@ void moe_expert_weights(Context& ctx, const int32_t* ids, const float* w, int64_
 // y[r] = x[rows[r]] for r < R, rows of `width` floats.
 void gather_rows(Context& ctx, const float* x, const int32_t* rows, int64_t R, int64_t width, float* y);
 
+// For each of n spans (device [n, 3] int64: dst offset, src offset, bytes): dst[dst offset...] =
+// src[src offset...] (rollback_slot's undo log: state rows to the log before a step, back on rollback).
+void copy_spans(Context& ctx, const int64_t* spans, int64_t n, char* dst, const char* src);
+
 // out[t, j] = j < topk and idx[t, j] >= 0 ? score[t, idx[t, j]] : 0 (the indexer's chosen scores).
 void gather_scores(Context& ctx, const float* score, int64_t ld, const int32_t* idx, int64_t T, int64_t topk,
                    float* out);
