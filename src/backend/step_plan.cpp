@@ -35,7 +35,7 @@ void check_reserve(const CacheShape& shape, const Config& c) {
          c.max_position_embeddings);
 }
 
-StateLayout make_state_layout(const Config& c, int64_t slots, int64_t max_ctx, size_t kv_elem_bytes) {
+StateLayout make_state_layout(const Config& c, int64_t slots, int64_t max_ctx, size_t kv_elem_bytes, bool mtp) {
   StateLayout l;
   l.slots = slots;
   l.layers.assign(size_t(c.num_layers), LayerStateLayout{});
@@ -64,6 +64,17 @@ StateLayout make_state_layout(const Config& c, int64_t slots, int64_t max_ctx, s
     if (k == AttnKind::SLIDING) continue;
     ll.comp = compressor(L, false, c.ratio(L), k == AttnKind::CSA ? 2 : 1, c.head_dim);
     if (k == AttnKind::CSA) ll.index = compressor(L, true, c.ratio(L), 2, c.index_head_dim);
+  }
+  if (mtp) {
+    int64_t ring = c.sliding_window;
+    for (const StateTensor& t : l.tensors)
+      if (t.kind != StateTensor::ENTRIES) ring = std::min(ring, t.rows);
+    LayerStateLayout ll;
+    ll.window_rows = c.sliding_window;
+    ll.lag = 1;
+    ll.window = add(StateTensor::WINDOW, c.num_layers, false, c.sliding_window, c.head_dim, kv_elem_bytes);
+    l.layers.push_back(ll);
+    l.hidden = add(StateTensor::HIDDEN, c.num_layers, false, ring + 1, c.hc_mult * c.hidden_size, 4);
   }
   l.bytes = std::max<size_t>(l.bytes, 4);
   return l;

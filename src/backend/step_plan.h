@@ -53,7 +53,7 @@ void check_reserve(const CacheShape& shape, const Config& c);
 // No counters: a slot's entry count is pos / m and its open block pos mod m. Each tensor holds all
 // slots' rows one after the other ([slots, rows, width]), so copy_slot copies one piece per tensor.
 struct StateTensor {
-  enum Kind : uint8_t { WINDOW, PEND_KV, PEND_GATE, ENTRIES };
+  enum Kind : uint8_t { WINDOW, PEND_KV, PEND_GATE, ENTRIES, HIDDEN };
   Kind kind = WINDOW;
   int64_t layer = 0;
   bool indexer = false;       // the CSA indexer's compressor (else the attention's)
@@ -74,13 +74,20 @@ struct CompressorLayout {
 struct LayerStateLayout {
   int32_t window = -1;
   int64_t window_rows = 0;  // W
+  // The MTP block's layer (after the model's layers) lags one position: its row of position t is
+  // written by the step that feeds token t + 1 (it embeds the token after t).
+  int64_t lag = 0;
   CompressorLayout comp;    // CSA/HCA layers
   CompressorLayout index;   // CSA layers
 };
 
 struct StateLayout {
   std::vector<StateTensor> tensors;  // in buffer order
-  std::vector<LayerStateLayout> layers;
+  std::vector<LayerStateLayout> layers;  // the model's layers, then the MTP block's (if any)
+  // With an MTP block: the last block's output streams of the slot's last positions, f32
+  // [hidden_rows, hc·D], row of position p at p mod hidden_rows (one more row than the smallest other
+  // ring, so an undoable run never overwrites the row before it); the MTP block reads them.
+  int32_t hidden = -1;
   int64_t slots = 0;
   size_t bytes = 0;           // the whole buffer (every tensor's start aligned to 256 bytes)
   size_t bytes_per_slot = 0;  // one slot's share (without the alignment)
@@ -92,8 +99,8 @@ struct StateLayout {
 };
 
 // The layout for `slots` slots of max_ctx tokens; kv_elem_bytes: the size of a window row's and an
-// entry's elements (4: f32, 2: bf16).
-StateLayout make_state_layout(const Config& c, int64_t slots, int64_t max_ctx, size_t kv_elem_bytes);
+// entry's elements (4: f32, 2: bf16). mtp: with the first MTP block's window and the hidden ring.
+StateLayout make_state_layout(const Config& c, int64_t slots, int64_t max_ctx, size_t kv_elem_bytes, bool mtp = false);
 
 // Checks a batch against the reserved shape and the slots' positions before any state changes
 // (slot_pos[s]: the tokens slot s holds). Throws naming the row, the slot and the limit.

@@ -14,7 +14,7 @@ template <typename F>
 void for_each_write(const StateLayout& l, int64_t pos0, int64_t n, F&& f) {
   auto ring = [&](int32_t t, int64_t q) { f(t, q % l.tensors[size_t(t)].rows, q); };
   for (const LayerStateLayout& ll : l.layers) {
-    for (int64_t q = pos0; q < pos0 + n; ++q) ring(ll.window, q);
+    for (int64_t q = std::max(pos0, ll.lag); q < pos0 + n; ++q) f(ll.window, (q - ll.lag) % ll.window_rows, q);
     for (const CompressorLayout* cl : {&ll.comp, &ll.index}) {
       if (!cl->present()) continue;
       for (int64_t q = pos0; q < pos0 + n; ++q) {
@@ -25,6 +25,8 @@ void for_each_write(const StateLayout& l, int64_t pos0, int64_t n, F&& f) {
       }
     }
   }
+  if (l.hidden >= 0)
+    for (int64_t q = pos0; q < pos0 + n; ++q) ring(l.hidden, q);
 }
 
 size_t row_bytes(const StateTensor& t) { return size_t(t.width) * t.elem_bytes; }
@@ -35,18 +37,25 @@ void UndoBook::reserve(const StateLayout& layout) {
   layout_ = layout;
   limit_ = INT64_MAX;
   for (const StateTensor& t : layout.tensors)
-    if (t.kind != StateTensor::ENTRIES) limit_ = std::min(limit_, t.rows);
+    if (t.kind != StateTensor::ENTRIES && t.kind != StateTensor::HIDDEN) limit_ = std::min(limit_, t.rows);
   if (limit_ == INT64_MAX) limit_ = 0;
-  // A log of limit_ positions: every ring row once, and the entries those positions may complete.
+  // A log of limit_ positions: every ring row once (window, pending rows, hidden rows), and the
+  // entries those positions may complete (at most limit_ / m + 1 wherever the run starts).
   slot_bytes_ = 0, slot_copies_ = 0;
-  for_each_write(layout_, 0, limit_, [&](int32_t t, int64_t, int64_t) {
-    slot_bytes_ += row_bytes(layout_.tensors[size_t(t)]);
-    ++slot_copies_;
-  });
-  // (a run that starts mid-block completes at most one more entry per compressor than one from 0)
-  for (const LayerStateLayout& ll : layout_.layers)
-    for (const CompressorLayout* cl : {&ll.comp, &ll.index})
-      if (cl->present()) slot_bytes_ += row_bytes(layout_.tensors[size_t(cl->entries)]), ++slot_copies_;
+  auto add = [&](int32_t t, int64_t rows) {
+    slot_bytes_ += size_t(rows) * row_bytes(layout_.tensors[size_t(t)]);
+    slot_copies_ += rows;
+  };
+  for (const LayerStateLayout& ll : layout_.layers) {
+    add(ll.window, limit_);
+    for (const CompressorLayout* cl : {&ll.comp, &ll.index}) {
+      if (!cl->present()) continue;
+      add(cl->pend_kv, limit_);
+      add(cl->pend_gate, limit_);
+      add(cl->entries, limit_ / cl->ratio + 1);
+    }
+  }
+  if (layout_.hidden >= 0) add(layout_.hidden, limit_);
   slots_.assign(size_t(layout.slots), Slot{});
 }
 

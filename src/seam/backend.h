@@ -59,6 +59,19 @@ struct StepSampling {
   float* top_logprob = nullptr;   // out [R, top_n]
 };
 
+// Drafting with the checkpoint's MTP block (speculative decoding; ModelBackend::draft). Host arrays.
+struct DraftRequest {
+  int32_t n = 0;                         // slots
+  const int32_t* slot = nullptr;         // [n] distinct slots, each holding at least one token
+  const int32_t* token = nullptr;        // [n] each slot's next token: drawn from its last logits, not yet fed
+  // [n] how the drafts are drawn (ops/sample.h; draft j of a row uses counter + j, the counter of the
+  // target token it proposes), without penalties, bias or masks; null: greedy.
+  const SampleParams* params = nullptr;
+  int32_t k = 1;                         // drafts per slot, in [1, kMaxDraft]
+  int32_t* out = nullptr;                // out [n, k]
+};
+constexpr int32_t kMaxDraft = 7;
+
 // Sizes only. max_ctx is the longest sequence a slot may hold (positions
 // 0 … max_ctx−1); it may not exceed the model's max_position_embeddings.
 struct CacheShape {
@@ -132,6 +145,18 @@ class ModelBackend {
   virtual void rollback_slot(int32_t slot, int64_t pos) {
     if (pos == slot_pos(slot)) return;
     throw std::logic_error("rollback_slot: this backend keeps no undo log");
+  }
+  // MTP: true when the backend runs the model's first MTP block (its model was loaded with the MTP
+  // weights). Every step then also feeds the block the tokens it embeds (its window state lags the
+  // slot by one position and rolls back with it), and draft() proposes tokens.
+  virtual bool has_mtp() const { return false; }
+  // Proposes r.k tokens per slot: the block applied r.k times from the slot's last hidden state and its
+  // next token (each time on its own output and the token just drafted). Leaves no trace in any slot
+  // (the window rows it writes are put back) and no logits for sample_last_step. Throws (naming the
+  // slot or the limit) when a slot is empty, the drafts would pass the context, or there is no block.
+  virtual void draft(const DraftRequest& r) {
+    (void)r;
+    throw std::logic_error("draft: this backend runs no MTP block");
   }
   // The slot's state as bytes (every state tensor's rows of that slot, in layout order; the CUDA
   // backend's window rows and entries in bf16): tests compare two slots or two runs bit for bit.

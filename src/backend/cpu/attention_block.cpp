@@ -84,13 +84,23 @@ int64_t compressor_feed(const CompressorWeights& cw, CompressorSlot& cs, int64_t
 
 }  // namespace
 
+void attention_kv(CpuBackend& be, const LayerWeights& lw, const RopeTable& rope, const float* x, int64_t n,
+                  const int32_t* pos, float* kv) {
+  const Config& c = be.model().config;
+  const int64_t hd = c.head_dim;
+  be.linear(lw.wkv, x, n, kv);
+  rms_norm_cpu(kv, lw.kv_norm.data(), n, hd, c.rms_norm_eps, kv);
+#pragma omp parallel for schedule(static) if (n >= 64)
+  for (int64_t t = 0; t < n; ++t) rope_apply_cpu(kv + t * hd, 1, hd, pos[t], rope, false);
+}
+
 void attention_block(CpuBackend& be, int64_t L, const float* x, float* out) {
   const Model& mdl = be.model();
   const Config& c = mdl.config;
-  const LayerWeights& lw = mdl.weights.layers[size_t(L)];
+  const LayerWeights& lw = be.layer_weights(L);
   const Batch& b = be.batch();
   CpuActivations& a = be.act();
-  const AttnKind kind = c.attn_kinds[size_t(L)];
+  const AttnKind kind = be.layer_kind(L);
   const RopeTable& rope = kind == AttnKind::SLIDING ? mdl.rope_main : mdl.rope_compress;
   const int64_t N = b.n, H = c.num_heads, hd = c.head_dim, W = c.sliding_window, G = c.o_groups, ol = c.o_lora_rank;
   const int64_t ql = c.q_lora_rank, inh = c.index_n_heads, ihd = c.index_head_dim, topk = c.index_topk;
@@ -102,18 +112,14 @@ void attention_block(CpuBackend& be, int64_t L, const float* x, float* out) {
   rms_norm_cpu(qr, lw.q_norm.data(), N, ql, eps, qr);
   be.linear(lw.wq_b, qr, N, q);
   rms_norm_cpu(q, nullptr, N * H, hd, eps, q);
-  be.linear(lw.wkv, x, N, kv);
-  rms_norm_cpu(kv, lw.kv_norm.data(), N, hd, eps, kv);
+  attention_kv(be, lw, rope, x, N, b.pos, kv);
 #pragma omp parallel for schedule(static) if (N * H >= 64)
-  for (int64_t t = 0; t < N; ++t) {
-    rope_apply_cpu(q + t * H * hd, H, hd, b.pos[t], rope, false);
-    rope_apply_cpu(kv + t * hd, 1, hd, b.pos[t], rope, false);
-  }
+  for (int64_t t = 0; t < N; ++t) rope_apply_cpu(q + t * H * hd, H, hd, b.pos[t], rope, false);
   be.note("q", L, q, H * hd, {H, hd});
   be.note("kv", L, kv, hd, {hd});
 
   // Compressed entries, per slot (and, for CSA, the indexer's keys).
-  const int64_t m = c.ratio(L);
+  const int64_t m = lw.compressor ? c.ratio(L) : 0;
   if (lw.compressor) {
     const int64_t cc = kind == AttnKind::CSA ? 2 : 1;
     be.linear(lw.compressor->wkv, x, N, a.ckv.data());

@@ -56,7 +56,7 @@ CpuBackend::CpuBackend(const Model& m, const BackendOptions& opt) : m_(m), opt_(
 }
 
 size_t CpuBackend::bytes_per_slot(const CacheShape& shape) const {
-  return make_state_layout(m_.config, 1, shape.max_ctx, sizeof(float)).bytes_per_slot;
+  return make_state_layout(m_.config, 1, shape.max_ctx, sizeof(float), has_mtp()).bytes_per_slot;
 }
 
 LayerSlot CpuBackend::layer_slot(int32_t s, int64_t L) {
@@ -83,7 +83,7 @@ void CpuBackend::reserve(const CacheShape& shape) {
   act_ = CpuActivations{};
   shape_ = shape;
   threads_ = omp_get_max_threads();
-  layout_ = make_state_layout(c, shape.max_slots, shape.max_ctx, sizeof(float));
+  layout_ = make_state_layout(c, shape.max_slots, shape.max_ctx, sizeof(float), has_mtp());
   state_.assign((layout_.bytes + sizeof(float) - 1) / sizeof(float), 0.0f);
   pos_.assign(size_t(shape.max_slots), 0);
   undo_.reserve(layout_);
@@ -127,6 +127,13 @@ void CpuBackend::reserve(const CacheShape& shape) {
     max_m = std::max(max_m, c.ratio(L));
     max_entries = std::max(max_entries, k == AttnKind::CSA ? c.index_topk : shape.max_ctx / c.ratio(L));
     if (k == AttnKind::CSA) max_ientries = std::max(max_ientries, shape.max_ctx / c.ratio(L));
+  }
+  if (has_mtp()) {
+    sized(a.mtp_in, N * hc * D), sized(a.mtp_x, N * hc * D), sized(a.mtp_e, N * D), sized(a.mtp_hn, N * hc * D);
+    sized(a.mtp_tok, N), sized(a.mtp_pos, N), sized(a.mtp_slot, N), a.mtp_want.assign(size_t(N), 1);
+    sized(a.draft_save, int64_t(shape.max_slots) * kMaxDraft * hd);
+    sized(a.draft_logits, int64_t(shape.max_slots) * c.vocab_size);
+    sized(a.draft_status, shape.max_slots), sized(a.draft_lp, shape.max_slots);
   }
   sized(a.pool_kv, 2 * max_m * std::max(hd, ih)), sized(a.pool_gate, 2 * max_m * std::max(hd, ih));
   sized(a.entry, std::max(hd, ih));
@@ -218,6 +225,28 @@ void CpuBackend::note(const char* what, int64_t layer, const float* data, int64_
   for (const Segment& s : plan_) note_slot(what, layer, s, data + s.row0 * row_width, s.n, row_width, inner);
 }
 
+void CpuBackend::layer_forward(int64_t L, float* X, int64_t N) {
+  const Config& c = m_.config;
+  const int64_t D = c.hidden_size, hc = c.hc_mult;
+  const LayerWeights& lw = layer_weights(L);
+  CpuActivations& a = act_;
+  float *A = a.a.data(), *normed = a.normed.data(), *out = a.out.data();
+  hc_pre_cpu(hc_params(c, lw.hc_attn), X, N, A, a.post.data(), a.comb.data(), a.hc_scratch.data());
+  rms_norm_cpu(A, lw.attn_norm.data(), N, D, c.rms_norm_eps, normed);
+  note("attn_in", L, normed, D, {D});
+  attention_block(*this, L, normed, out);
+  note("attn_out", L, out, D, {D});
+  hc_post_cpu(hc, D, out, a.post.data(), a.comb.data(), N, X);
+
+  hc_pre_cpu(hc_params(c, lw.hc_ffn), X, N, A, a.post.data(), a.comb.data(), a.hc_scratch.data());
+  rms_norm_cpu(A, lw.ffn_norm.data(), N, D, c.rms_norm_eps, normed);
+  note("moe_in", L, normed, D, {D});
+  moe_block(*this, L, normed, out);
+  note("moe_out", L, out, D, {D});
+  hc_post_cpu(hc, D, out, a.post.data(), a.comb.data(), N, X);
+  note("resid", L, X, hc * D, {hc, D});
+}
+
 void CpuBackend::step(const Batch& b, float* logits_out) {
   const Config& c = m_.config;
   const Weights& w = m_.weights;
@@ -256,24 +285,8 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
   }
   note("embed", -1, X, hc * D, {hc, D});
 
-  float *A = a.a.data(), *normed = a.normed.data(), *out = a.out.data();
-  for (int64_t L = 0; L < c.num_layers; ++L) {
-    const LayerWeights& lw = w.layers[size_t(L)];
-    hc_pre_cpu(hc_params(c, lw.hc_attn), X, N, A, a.post.data(), a.comb.data(), a.hc_scratch.data());
-    rms_norm_cpu(A, lw.attn_norm.data(), N, D, c.rms_norm_eps, normed);
-    note("attn_in", L, normed, D, {D});
-    attention_block(*this, L, normed, out);
-    note("attn_out", L, out, D, {D});
-    hc_post_cpu(hc, D, out, a.post.data(), a.comb.data(), N, X);
-
-    hc_pre_cpu(hc_params(c, lw.hc_ffn), X, N, A, a.post.data(), a.comb.data(), a.hc_scratch.data());
-    rms_norm_cpu(A, lw.ffn_norm.data(), N, D, c.rms_norm_eps, normed);
-    note("moe_in", L, normed, D, {D});
-    moe_block(*this, L, normed, out);
-    note("moe_out", L, out, D, {D});
-    hc_post_cpu(hc, D, out, a.post.data(), a.comb.data(), N, X);
-    note("resid", L, X, hc * D, {hc, D});
-  }
+  for (int64_t L = 0; L < c.num_layers; ++L) layer_forward(L, X, N);
+  if (has_mtp()) mtp_catch_up(b);
   for (const Segment& s : plan_) pos_[size_t(s.slot)] = s.pos0 + s.n;
 
   // Final hyper-head, norm and LM head over the rows whose logits are wanted.

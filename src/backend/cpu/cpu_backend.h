@@ -78,6 +78,16 @@ struct CpuActivations {
   } ep;
   std::vector<float> head_in;     // [N, hc, D] rows whose logits are wanted
   std::vector<float> final_y;     // [N, D]
+  // The MTP block (sized when the model has one): its input streams, the streams it reads, the
+  // embedded tokens, a draft step's rows, the window rows a draft puts back, its logits.
+  std::vector<float> mtp_in, mtp_x;        // [N, hc, D]
+  std::vector<float> mtp_e, mtp_hn;        // [N, D], [N·hc, D]
+  std::vector<int32_t> mtp_tok, mtp_pos, mtp_slot;  // [N] catch-up or draft rows
+  std::vector<uint8_t> mtp_want;           // [N]
+  std::vector<float> draft_save;           // [max_slots · kMaxDraft, hd]
+  std::vector<float> draft_logits;         // [max_slots, V]
+  std::vector<int32_t> draft_status;       // [max_slots]
+  std::vector<float> draft_lp;             // [max_slots]
   std::vector<float> pool_kv, pool_gate;  // [2·max_m, max_dc] one entry's pooling slots
   std::vector<float> entry;       // [max_dc]
   // Per OpenMP thread: attention and indexer scratch.
@@ -106,6 +116,19 @@ class CpuBackend final : public ModelBackend {
   int64_t undo_token_limit() const override { return undo_.token_limit(); }
   void rollback_slot(int32_t slot, int64_t pos) override;
   std::vector<uint8_t> slot_state(int32_t slot) const override;
+  bool has_mtp() const override { return !m_.weights.mtp.empty(); }
+  void draft(const DraftRequest& r) override;
+  // Layer L's weights and kind: the model's layers, then (L = num_layers) the MTP block.
+  const LayerWeights& layer_weights(int64_t L) const {
+    return L < m_.config.num_layers ? m_.weights.layers[size_t(L)] : m_.weights.mtp[0].block;
+  }
+  AttnKind layer_kind(int64_t L) const {
+    return L < m_.config.num_layers ? m_.config.attn_kinds[size_t(L)] : AttnKind::SLIDING;
+  }
+  // The slot's hidden ring row of position p (MTP: the streams of the last layer).
+  float* hidden_row(int32_t slot, int64_t p);
+  // One step's rows (batch(), plan()) through layer L: X [n, hc, D] in place.
+  void layer_forward(int64_t L, float* X, int64_t n);
   // The CPU backend samples "where the logits are" too (its own memory, the same sampler): step()
   // with logits_out = nullptr keeps the logits rows for sample_last_step().
   bool samples_on_device() const override { return true; }
@@ -135,6 +158,7 @@ class CpuBackend final : public ModelBackend {
 
  private:
   void check_slot(int32_t slot, const char* what) const;
+  void mtp_catch_up(const Batch& b);  // mtp_block.cpp: the block's window rows of a step, the hidden ring
 
   const Model& m_;
   BackendOptions opt_;
@@ -155,11 +179,18 @@ class CpuBackend final : public ModelBackend {
   UndoBook undo_;                         // rollback_slot's book of rows written by undoable steps
   std::vector<uint8_t> undo_log_;         // [max_slots, undo_.log_bytes_per_slot()] those rows' previous bytes
   std::vector<UndoCopy> undo_copies_;     // scratch: one step's or one rollback's copies
+  Batch mtp_batch_;                       // the MTP block's rows while it runs (catch-up, draft)
 };
 
 // The two blocks of a layer over the step's rows (x: normed block input [n, D]).
 void attention_block(CpuBackend& be, int64_t layer, const float* x, float* out);
 void moe_block(CpuBackend& be, int64_t layer, const float* x, float* out);
+
+// The shared K=V head's rows of a layer: RMSNorm(x·wkvᵀ), RoPE at pos (attention_block.cpp).
+void attention_kv(CpuBackend& be, const LayerWeights& lw, const RopeTable& rope, const float* x, int64_t n,
+                  const int32_t* pos, float* kv);
+// X_in = e_proj(enorm(embed[tok])) in every stream + h_proj(hnorm(X)) per stream (mtp_block.cpp).
+void mtp_input(CpuBackend& be, const int32_t* tok, const float* X, int64_t n, float* xin);
 
 // Routing (spec'd in moe_block.cpp): for each row the K global expert ids and weights.
 void moe_route(const Config& c, const LayerWeights& lw, const int32_t* tokens, const float* logits, int64_t T,

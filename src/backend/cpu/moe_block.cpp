@@ -55,7 +55,7 @@ void finish_moe(CpuBackend& be, int64_t L, const float* x, const float* routed, 
 // The routed sum over the step's rows under expert parallelism (see the top of the file).
 void moe_routed_ep(CpuBackend& be, Comm& comm, int64_t L, const float* x, float* routed) {
   const Config& c = be.model().config;
-  const LayerWeights& lw = be.model().weights.layers[size_t(L)];
+  const LayerWeights& lw = be.layer_weights(L);
   CpuActivations& a = be.act();
   CpuActivations::Ep& ep = a.ep;
   const int R = comm.size(), me = comm.rank();
@@ -151,7 +151,7 @@ void moe_route(const Config& c, const LayerWeights& lw, const int32_t* tokens, c
 
 void moe_block(CpuBackend& be, int64_t L, const float* x, float* out) {
   const Config& c = be.model().config;
-  const LayerWeights& lw = be.model().weights.layers[size_t(L)];
+  const LayerWeights& lw = be.layer_weights(L);
   const Batch& b = be.batch();
   CpuActivations& a = be.act();
   const int64_t N = b.n, D = c.hidden_size, E = c.n_routed_experts, K = c.n_experts_per_tok;
@@ -200,7 +200,7 @@ namespace {
 // out = routed + shared expert (every row, every rank).
 void finish_moe(CpuBackend& be, int64_t L, const float* x, const float* routed, float* out) {
   const Config& c = be.model().config;
-  const LayerWeights& lw = be.model().weights.layers[size_t(L)];
+  const LayerWeights& lw = be.layer_weights(L);
   CpuActivations& a = be.act();
   const int64_t N = be.batch().n, D = c.hidden_size;
   be.note("moe_routed", L, routed, D, {D});
