@@ -500,10 +500,14 @@ TEST_P(SeamMixedBatch, RollbackLeavesNoTrace) {
     std::vector<uint8_t> want;
     void add(int32_t t, int64_t p, int32_t s) { tok.push_back(t), pos.push_back(int32_t(p)), slot.push_back(s), want.push_back(1); }
   };
-  auto run = [&](ModelBackend& be, const Rows& r, bool undoable) {
+  // undoable: every run keeps an undo log but slot 0's when plain0 (a run in an undoable step that
+  // keeps none, as a prefill chunk beside the speculating slots).
+  auto run = [&](ModelBackend& be, const Rows& r, bool undoable, bool plain0 = false) {
     std::vector<float> out(r.tok.size() * size_t(V));
     Batch b{int32_t(r.tok.size()), r.tok.data(), r.pos.data(), r.slot.data(), r.want.data()};
-    b.undoable = undoable;
+    std::vector<uint8_t> undo(r.tok.size());
+    for (size_t i = 0; i < undo.size(); ++i) undo[i] = undoable && !(plain0 && r.slot[i] == 0);
+    if (undoable) b.undo = undo.data();
     be.step(b, out.data());
     return out;
   };
@@ -514,9 +518,11 @@ TEST_P(SeamMixedBatch, RollbackLeavesNoTrace) {
     EXPECT_EQ(std::memcmp(run(*sp, r, false).data(), run(*ref, r, false).data(), r.tok.size() * size_t(V) * 4), 0);
   }
   int rounds = 0, rolled = 0, split = 0;
-  while (sp->slot_pos(1) < ctx - 2 * lim - 4 && sp->slot_pos(2) < ctx - 2 * lim - 4) {
+  while (sp->slot_pos(1) < ctx - 2 * lim - 4 && sp->slot_pos(2) < ctx - 2 * lim - 4 && sp->slot_pos(0) < ctx - 2 * lim - 8) {
     ++rounds;
-    int64_t n[3] = {1, 1 + int64_t(rng() % uint32_t(lim)), 1 + int64_t(rng() % uint32_t(lim))};
+    // Slot 0 decodes one token, or (plain0) runs a chunk longer than the undo limit without a log.
+    const bool plain0 = rng() % 3 == 0;
+    int64_t n[3] = {plain0 ? lim + 3 : 1, 1 + int64_t(rng() % uint32_t(lim)), 1 + int64_t(rng() % uint32_t(lim))};
     std::vector<int32_t> toks[3];
     int64_t pos0[3];
     for (int32_t s = 0; s < 3; ++s) {
@@ -535,7 +541,7 @@ TEST_P(SeamMixedBatch, RollbackLeavesNoTrace) {
         for (int64_t j = a; j < e; ++j) r.add(toks[s][size_t(j)], pos0[s] + j, s);
       }
       if (r.tok.empty()) continue;
-      const std::vector<float> out = run(*sp, r, true);
+      const std::vector<float> out = run(*sp, r, true, plain0);
       for (size_t i = 0; i < r.tok.size(); ++i)
         rows_of[r.slot[i]].insert(rows_of[r.slot[i]].end(), out.begin() + long(i * size_t(V)),
                                   out.begin() + long((i + 1) * size_t(V)));
@@ -586,6 +592,22 @@ TEST_P(SeamMixedBatch, RollbackLeavesNoTrace) {
   EXPECT_NE(msg.find("rollback can undo"), std::string::npos) << msg;
   EXPECT_EQ(sp->slot_pos(1), p1);
   EXPECT_TRUE(sp->slot_state(1) == before);
+  {  // a run whose rows disagree on undo
+    Rows two;
+    two.add(tokv(), p1, 1), two.add(tokv(), p1 + 1, 1);
+    std::vector<float> out(2 * size_t(V));
+    Batch b{2, two.tok.data(), two.pos.data(), two.slot.data(), two.want.data()};
+    const uint8_t mixed[2] = {1, 0};
+    b.undo = mixed;
+    msg = "no error";
+    try {
+      sp->step(b, out.data());
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("disagree on undo"), std::string::npos) << msg;
+    EXPECT_TRUE(sp->slot_state(1) == before);
+  }
   msg = "no error";
   try {
     sp->rollback_slot(1, p1 - 1);  // no log open

@@ -6,6 +6,7 @@
 // logits of one rank bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -20,19 +21,26 @@ using namespace cm;
 
 namespace {
 
+// Half the plans carry undo flags (Batch::undo).
 OwnedBatch random_plan(std::mt19937& rng, int32_t rows) {
   OwnedBatch p;
+  const bool undo = rng() % 2;
   for (int32_t i = 0; i < rows; ++i) {
     p.token.push_back(int32_t(rng()));
     p.pos.push_back(int32_t(rng() % 100000));
     p.slot.push_back(int32_t(rng() % 64));
     p.logits.push_back(uint8_t(rng() % 2));
+    if (undo) p.undo.push_back(uint8_t(rng() % 2));
   }
   return p;
 }
 
+// Undo flags all 0 arrive as none (the same batch).
 bool same(const OwnedBatch& a, const OwnedBatch& b) {
-  return a.token == b.token && a.pos == b.pos && a.slot == b.slot && a.logits == b.logits;
+  auto flags = [](const OwnedBatch& p) {
+    return std::any_of(p.undo.begin(), p.undo.end(), [](uint8_t u) { return u != 0; }) ? p.undo : std::vector<uint8_t>{};
+  };
+  return a.token == b.token && a.pos == b.pos && a.slot == b.slot && a.logits == b.logits && flags(a) == flags(b);
 }
 
 TEST(BroadcastPlan, EveryRankGetsRankZerosPlan) {

@@ -134,7 +134,7 @@ TEST(MtpDraft, RollbackRestoresTheBlocksWindowAndHiddenRing) {
     for (size_t i = 0; i < run.size(); ++i) pos[i] = int32_t(p0 + int64_t(i));
     std::vector<float> logits(run.size() * size_t(V));
     Batch b{int32_t(run.size()), run.data(), pos.data(), slot.data(), want.data()};
-    b.undoable = true;
+    b.undo = want.data();  // every row: undoable
     sp->step(b, logits.data());
     const int64_t acc = 1 + int64_t(rng() % run.size());
     sp->rollback_slot(0, p0 + acc);

@@ -74,6 +74,12 @@ TEST(MtpWeights, ACheckpointWithoutThemLoadsButMtpIsRefused) {
   const std::string d0 = write_checkpoint("none0", release_tensors(), c0);
   const std::string e0 = error_of([&] { model_load(d0, with_mtp()); });
   EXPECT_NE(e0.find("num_nextn_predict_layers = 0"), std::string::npos) << e0;
+  // DSpark draft stages instead of an MTP block: refused by name (the model itself still loads).
+  std::vector<TensorData> ds = release_tensors();
+  ds.push_back(copy_as(find(ds, "norm.weight"), "dspark.0.norm.weight"));
+  const std::string dd = write_checkpoint("dspark", ds, cfg);
+  const std::string ed = error_of([&] { model_load(dd, with_mtp()); });
+  EXPECT_NE(ed.find("DSpark stages ('dspark.0.norm.weight')"), std::string::npos) << ed;
 }
 
 TEST(MtpWeights, MissingMisshapedAndCompressedBlocksAreNamed) {

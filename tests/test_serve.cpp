@@ -529,3 +529,20 @@ TEST(ServeEngine, AFailingSequenceEndsAloneTheOthersContinue) {
   EXPECT_EQ(good_ids, want);
   EXPECT_TRUE(e.idle());
 }
+
+// MTP's counters on /metrics (vLLM's spec_decode names): rounds, draft tokens, accepted, by position.
+TEST(ServeMetrics, SpecDecodeCounters) {
+  Metrics m("s");
+  m.spec_decode(3, 2);
+  m.spec_decode(3, 0);
+  m.spec_decode(2, 1);
+  const std::string t = m.render();
+  const std::string l = "{model_name=\"s\"}";
+  EXPECT_NE(t.find("clawmine:spec_decode_num_drafts_total" + l + " 3\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("clawmine:spec_decode_num_draft_tokens_total" + l + " 8\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("clawmine:spec_decode_num_accepted_tokens_total" + l + " 3\n"), std::string::npos) << t;
+  const std::string pos = "clawmine:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"s\",position=";
+  EXPECT_NE(t.find(pos + "\"0\"} 2\n"), std::string::npos) << t;
+  EXPECT_NE(t.find(pos + "\"1\"} 1\n"), std::string::npos) << t;
+  EXPECT_NE(t.find(pos + "\"2\"} 0\n"), std::string::npos) << t;
+}

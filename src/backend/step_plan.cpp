@@ -19,7 +19,8 @@ void StepPlan::build(const Batch& b) {
   n = b.n;
   n_segs = n_logits = max_pos = 0;
   for (int64_t t = 0; t < n; ++t) {
-    if (t == 0 || b.slot[t] != b.slot[t - 1]) segs[size_t(n_segs++)] = Segment{b.slot[t], int32_t(t), 0, b.pos[t]};
+    if (t == 0 || b.slot[t] != b.slot[t - 1])
+      segs[size_t(n_segs++)] = Segment{b.slot[t], int32_t(t), 0, b.pos[t], b.undo && b.undo[t]};
     segs[size_t(n_segs - 1)].n++;
     seg_of_row[size_t(t)] = int32_t(n_segs - 1);
     if (b.logits[t]) logit_rows[size_t(n_logits++)] = int32_t(t);
@@ -98,6 +99,8 @@ void check_batch(const Batch& b, const CacheShape& shape, int64_t vocab, const i
         if (b.slot[j] == s) fail("step: slot {}'s tokens are not contiguous in the batch (rows {} and {})", s, j, i);
       expect = slot_pos[s];
       prev_slot = s;
+    } else if (b.undo && (b.undo[i] != 0) != (b.undo[i - 1] != 0)) {
+      fail("step: slot {}: rows {} and {} of its run disagree on undo (a run keeps an undo log or not)", s, i - 1, i);
     }
     if (b.pos[i] != expect)
       fail("step: row {}: position {} does not continue slot {} (expected {})", i, b.pos[i], s, expect);

@@ -18,6 +18,7 @@ struct Segment {
   int32_t row0 = 0;  // first batch row
   int32_t n = 0;     // rows
   int64_t pos0 = 0;  // position of the first row
+  bool undo = false; // the run keeps an undo log (Batch::undo)
 };
 
 // A batch taken apart once per step: its slot runs, each row's run, the rows whose logits are

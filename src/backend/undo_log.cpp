@@ -59,9 +59,9 @@ void UndoBook::reserve(const StateLayout& layout) {
   slots_.assign(size_t(layout.slots), Slot{});
 }
 
-void UndoBook::check(const StepPlan& plan, bool undoable) const {
-  if (!undoable) return;
+void UndoBook::check(const StepPlan& plan) const {
   for (const Segment& s : plan) {
+    if (!s.undo) continue;
     const Slot& sl = slots_[size_t(s.slot)];
     const int64_t start = sl.start >= 0 ? sl.start : s.pos0;
     if (s.pos0 + s.n - start > limit_)
@@ -71,11 +71,11 @@ void UndoBook::check(const StepPlan& plan, bool undoable) const {
   }
 }
 
-void UndoBook::book_step(const StepPlan& plan, bool undoable, std::vector<UndoCopy>& saves) {
+void UndoBook::book_step(const StepPlan& plan, std::vector<UndoCopy>& saves) {
   saves.clear();
   for (const Segment& s : plan) {
     Slot& sl = slots_[size_t(s.slot)];
-    if (!undoable) {
+    if (!s.undo) {
       drop(s.slot);
       continue;
     }

@@ -34,13 +34,13 @@ class UndoBook {
   size_t log_bytes_per_slot() const { return slot_bytes_; }
   // The most copies one slot's log holds (a step's saves are at most slots × this).
   int64_t max_copies_per_slot() const { return slot_copies_; }
-  // Before a step changes anything: with `undoable`, every slot's span (its open log's start, else its
-  // position, to the end of its run) must be within token_limit(). Throws naming the slot.
-  void check(const StepPlan& plan, bool undoable) const;
-  // Books a checked step. undoable: appends the rows each run writes to its slot's log (opening it at
+  // Before a step changes anything: every undoable run's span (its slot's open log's start, else its
+  // position, to the end of the run) must be within token_limit(). Throws naming the slot.
+  void check(const StepPlan& plan) const;
+  // Books a checked step: appends the rows each undoable run writes to its slot's log (opening it at
   // the run's first position) and returns the copies state → log to make before the step writes
-  // anything; else closes the logs of the step's slots (nothing to copy).
-  void book_step(const StepPlan& plan, bool undoable, std::vector<UndoCopy>& saves);
+  // anything; the other runs close their slots' logs (nothing to copy).
+  void book_step(const StepPlan& plan, std::vector<UndoCopy>& saves);
   // The copies log → state that return `slot` (now at position `cur`) to position `pos`, and closes its
   // log. pos must lie in [the log's start, cur]; pos == cur with no log is a no-op. Throws otherwise,
   // naming the slot and the range.

@@ -72,7 +72,8 @@ int run(Opts& o) {
   o.eng.ctx_size = ctx;
   auto be = cm::cli::make_backend(o.eng, *m, &stats, cm::CacheShape{1, 512, 0});
   auto engine = cm::cli::make_cli_engine(*be, &tok, m->config.vocab_size, ctx,
-                                         cm::runtime::end_of_sequence_ids(m->config, &tok, gd), o.eng.sample_on_device);
+                                         cm::runtime::end_of_sequence_ids(m->config, &tok, gd), o.eng.sample_on_device,
+                                         o.eng.mtp);
   const auto mode = o.think ? cm::chat::Mode::Thinking : cm::chat::Mode::Chat;
   const bool tty = ::isatty(STDOUT_FILENO);
   nlohmann::ordered_json history = nlohmann::ordered_json::array();
@@ -151,6 +152,7 @@ cm::cli::CommandRegistrar reg({"chat", "Interactive multi-turn chat with the Dee
                                  auto o = std::make_shared<Opts>();
                                  o->app = &app;
                                  cm::cli::add_engine_options(app, o->eng);
+                                 cm::cli::add_mtp_option(app, o->eng);
                                  app.add_flag("--think", o->think, "Thinking mode (<think>)");
                                  app.add_option("--system", o->system, "System prompt");
                                  app.add_flag("--hide-reasoning", o->hide_reasoning, "Hide the reasoning");

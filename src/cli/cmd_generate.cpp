@@ -45,6 +45,10 @@ void print_stats(const cm::cli::Generation& r, const cm::cli::EngineOptions& eng
   std::fprintf(stderr, "\nload: %.2f s | prompt: %lld tokens, %.1f tok/s | generation: %lld tokens, %.1f tok/s | threads: %d | seed: %llu\n",
                eng.load_seconds, (long long)fed, r.prompt_seconds > 0 ? double(fed) / r.prompt_seconds : 0.0,
                (long long)r.tokens.size(), r.gen_seconds > 0 ? n / r.gen_seconds : 0.0, eng.threads_used, (unsigned long long)seed);
+  if (eng.mtp > 0)
+    std::fprintf(stderr, "mtp: %lld of %lld drafts accepted (%.1f%%) | %.2f tokens per step over %lld steps\n",
+                 (long long)r.accepted, (long long)r.drafted, r.drafted > 0 ? 100.0 * double(r.accepted) / double(r.drafted) : 0.0,
+                 r.steps > 0 ? n / double(r.steps) : 0.0, (long long)r.steps);
 }
 
 // The prompt text from -p (escapes processed unless --no-escape), -f (a file
@@ -104,7 +108,7 @@ int run(Opts& o) {
   if (token_mode) {
     auto engine = cm::cli::make_cli_engine(*be, nullptr, m->config.vocab_size, ctx,
                                            cm::runtime::end_of_sequence_ids(m->config, nullptr, gd),
-                                           o.eng.sample_on_device);
+                                           o.eng.sample_on_device, o.eng.mtp);
     req.prompt = ids;
     limit();
     cm::cli::Generation r = cm::cli::generate(*engine, req, nullptr);
@@ -118,7 +122,8 @@ int run(Opts& o) {
 
   cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
   auto engine = cm::cli::make_cli_engine(*be, &tok, m->config.vocab_size, ctx,
-                                         cm::runtime::end_of_sequence_ids(m->config, &tok, gd), o.eng.sample_on_device);
+                                         cm::runtime::end_of_sequence_ids(m->config, &tok, gd), o.eng.sample_on_device,
+                                         o.eng.mtp);
   const bool chat = o.chat || o.think || !o.system.empty();
   const auto mode = o.think ? cm::chat::Mode::Thinking : cm::chat::Mode::Chat;
   std::string text = prompt;
@@ -148,6 +153,7 @@ cm::cli::CommandRegistrar reg(
        auto o = std::make_shared<Opts>();
        o->app = &app;
        cm::cli::add_engine_options(app, o->eng);
+       cm::cli::add_mtp_option(app, o->eng);
        app.add_option("-p,--prompt", o->prompt, "Prompt text (escapes such as \\n and \\t are processed)");
        app.add_option("-f,--file", o->file, "Read the prompt from a file (its exact bytes; - = stdin)");
        app.add_option("--tokens", o->tokens, "Prompt as token ids, comma- or space-separated (prints ids)");

@@ -104,6 +104,7 @@ int run(Opts& o) {
   eo.max_step_tokens = o.max_step_tokens;
   eo.ctx = o.ctx;
   eo.sample_on_device = o.eng.sample_on_device;
+  eo.mtp_draft = o.eng.mtp;
   eo.eos_ids = cm::runtime::end_of_sequence_ids(c, &tok, cm::load_generation_config(o.eng.model));
 
   // One grammar compiler per server (structured output): the tokenizer's bytes padded to the logits
@@ -144,6 +145,7 @@ cm::cli::CommandRegistrar reg(
     {"serve", "OpenAI-compatible HTTP server with continuous batching", [](CLI::App& app) -> cm::cli::CommandRun {
        auto o = std::make_shared<Opts>();
        cm::cli::add_engine_options(app, o->eng);
+       cm::cli::add_mtp_option(app, o->eng);
        app.add_option("--host", o->http.host, "Address to listen on")->capture_default_str();
        app.add_option("--port", o->http.port, "Port (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
        app.add_option("--api-key", o->http.api_key, "Require Authorization: Bearer KEY on /v1 and /(de)tokenize")

@@ -100,6 +100,15 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
           "FRACTION in (0, 1]", "fraction"));
 }
 
+void add_mtp_option(CLI::App& app, EngineOptions& o) {
+  app.add_option("--mtp", o.mtp,
+                 "Speculative decoding with the checkpoint's MTP block: draft K tokens per sequence and step and keep "
+                 "those the model itself would draw (the same text as without; 0 = off, the default; K in [0, " +
+                     std::to_string(kMaxDraft) + "]; CPU backend)")
+      ->envname("CLAWMINE_MTP")
+      ->check(CLI::Range(0, int(kMaxDraft)));
+}
+
 void add_sampling_options(CLI::App& app, SamplingParams& sp, int64_t& seed) {
   app.add_option("--temp", sp.temperature, "Temperature (0 = greedy; default from generation_config.json, else greedy)");
   app.add_option("--top-k", sp.top_k, "Top-k (0 = off)");
@@ -144,6 +153,7 @@ std::unique_ptr<Model> load_model(EngineOptions& o) {
   omp_set_num_threads(o.threads_used);
   LoadOptions lo;
   lo.linear.allow_missing_input_scale = o.derive_input_scale;
+  lo.mtp = o.mtp > 0;  // the MTP block's weights are read only when something drafts with them
   const bool tty = ::isatty(STDERR_FILENO);
   if (tty) {
     std::fprintf(stderr, "loading %s: mapping and validating every tensor...", o.model.c_str());

@@ -26,6 +26,7 @@ struct EngineOptions {
   bool enforce_eager = false;      // --enforce-eager (CUDA: no graphs)   env CLAWMINE_ENFORCE_EAGER
   bool fast_prefill = false;       // --fast-prefill (CUDA: not batch-invariant)   env CLAWMINE_FAST_PREFILL
   bool sample_on_device = true;    // --sample-on-device / --no-sample-on-device   env CLAWMINE_SAMPLE_ON_DEVICE
+  int32_t mtp = 0;                 // --mtp K (generate, chat, serve): MTP drafts per step   env CLAWMINE_MTP
   CLI::Option* model_flag = nullptr;
   double load_seconds = 0;         // set by load_model
   int threads_used = 0;            // set by load_model
@@ -43,6 +44,9 @@ std::string resolve_model(const std::string& model, const CLI::Option* flag);
 
 // Declares the shared flags on a subcommand.
 void add_engine_options(CLI::App& app, EngineOptions& o);
+
+// Declares --mtp on the commands that generate (generate, chat, serve).
+void add_mtp_option(CLI::App& app, EngineOptions& o);
 
 // The sampling flags (llama.cpp spelling) bound to sp; the seed is separate
 // because -1 (the default) means a random one.

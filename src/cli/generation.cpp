@@ -8,9 +8,11 @@
 namespace cm::cli {
 
 std::unique_ptr<runtime::Engine> make_cli_engine(ModelBackend& be, const Tokenizer* tok, int64_t vocab, int64_t ctx,
-                                                 std::vector<int32_t> eos_ids, bool sample_on_device) {
+                                                 std::vector<int32_t> eos_ids, bool sample_on_device,
+                                                 int32_t mtp_draft) {
   runtime::EngineOptions o;
   o.sample_on_device = sample_on_device;
+  o.mtp_draft = mtp_draft;
   o.max_seqs = 1;
   o.max_step_tokens = 512;
   o.ctx = ctx;
@@ -29,6 +31,7 @@ Generation generate(runtime::Engine& e, runtime::JobSpec spec, const std::functi
   }
   const auto t0 = Clock::now();
   auto t1 = t0;  // the first token: the prompt is in
+  const runtime::SpecStats before = e.spec_stats();
   runtime::JobEvent fin = e.generate(std::move(spec), [&](const runtime::JobEvent& ev) {
     if (g.tokens.empty() && !ev.tokens.empty()) t1 = Clock::now();
     for (const runtime::TokenOut& t : ev.tokens) g.tokens.push_back(t.id);
@@ -42,6 +45,10 @@ Generation generate(runtime::Engine& e, runtime::JobSpec spec, const std::functi
   g.prompt_reused = fin.cached_tokens;
   g.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
   g.gen_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+  const runtime::SpecStats& after = e.spec_stats();
+  g.drafted = after.drafted - before.drafted;
+  g.accepted = after.accepted - before.accepted;
+  g.steps = after.steps - before.steps;
   return g;
 }
 

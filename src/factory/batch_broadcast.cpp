@@ -1,5 +1,5 @@
 // broadcast_batch (batch_broadcast.h): a header [rows, status] from rank 0, then the
-// rows packed as int32 [token | pos | slot | logits] from rank 0, each through
+// rows packed as int32 [token | pos | slot | logits + 2·undo] from rank 0, each through
 // all_gatherv with counts {k, 0, …, 0}, so every rank receives rank 0's block.
 #include "factory/batch_broadcast.h"
 
@@ -14,6 +14,8 @@ namespace {
 // Rank 0's check of its own plan: empty when it can be sent.
 std::string plan_error(const OwnedBatch& p) {
   const size_t n = p.token.size();
+  if (!p.undo.empty() && p.undo.size() != n)
+    return "the plan's undo flags (" + std::to_string(p.undo.size()) + ") are not one per row (" + std::to_string(n) + ")";
   if (p.pos.size() != n || p.slot.size() != n || p.logits.size() != n)
     return "the plan's token, pos, slot and logits lengths differ (" + std::to_string(n) + ", " +
            std::to_string(p.pos.size()) + ", " + std::to_string(p.slot.size()) + ", " +
@@ -52,7 +54,7 @@ OwnedBatch broadcast_batch(Comm& comm, const OwnedBatch& plan) {
       rows[size_t(i)] = plan.token[size_t(i)];
       rows[size_t(n + i)] = plan.pos[size_t(i)];
       rows[size_t(2 * n + i)] = plan.slot[size_t(i)];
-      rows[size_t(3 * n + i)] = plan.logits[size_t(i)] ? 1 : 0;
+      rows[size_t(3 * n + i)] = (plan.logits[size_t(i)] ? 1 : 0) | (!plan.undo.empty() && plan.undo[size_t(i)] ? 2 : 0);
     }
   }
   std::vector<int32_t> recv(size_t(4 * n));
@@ -61,7 +63,15 @@ OwnedBatch broadcast_batch(Comm& comm, const OwnedBatch& plan) {
   out.pos.assign(recv.begin() + n, recv.begin() + 2 * n);
   out.slot.assign(recv.begin() + 2 * n, recv.begin() + 3 * n);
   out.logits.resize(size_t(n));
-  for (int64_t i = 0; i < n; ++i) out.logits[size_t(i)] = recv[size_t(3 * n + i)] != 0;
+  bool any_undo = false;
+  for (int64_t i = 0; i < n; ++i) {
+    out.logits[size_t(i)] = (recv[size_t(3 * n + i)] & 1) != 0;
+    any_undo = any_undo || (recv[size_t(3 * n + i)] & 2) != 0;
+  }
+  if (any_undo) {
+    out.undo.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) out.undo[size_t(i)] = (recv[size_t(3 * n + i)] & 2) != 0;
+  }
   return out;
 }
 

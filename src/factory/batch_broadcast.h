@@ -20,8 +20,13 @@ namespace cm {
 struct OwnedBatch {
   std::vector<int32_t> token, pos, slot;  // one per row
   std::vector<uint8_t> logits;            // 1 = the row's logits are wanted
+  std::vector<uint8_t> undo;              // Batch::undo (empty: none)
   int32_t rows() const { return int32_t(token.size()); }
-  Batch batch() const { return Batch{rows(), token.data(), pos.data(), slot.data(), logits.data()}; }
+  Batch batch() const {
+    Batch b{rows(), token.data(), pos.data(), slot.data(), logits.data()};
+    if (!undo.empty()) b.undo = undo.data();
+    return b;
+  }
 };
 
 // Collective: rank 0's k int32 values (send; ignored elsewhere) in recv[k] on every rank (an

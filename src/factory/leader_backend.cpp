@@ -102,13 +102,13 @@ void LeaderBackend::step(const Batch& b, float* logits_out) {
     fail("step: a batch of {} rows without its arrays", b.n);  // before any rank is told
   Command c;
   c.v[0] = kStep;
-  c.v[1] = b.undoable ? 1 : 0;
   exchange(comm_, c);
   OwnedBatch p;
   p.token.assign(b.token, b.token + b.n);
   p.pos.assign(b.pos, b.pos + b.n);
   p.slot.assign(b.slot, b.slot + b.n);
   p.logits.assign(b.logits, b.logits + b.n);
+  if (b.undo) p.undo.assign(b.undo, b.undo + b.n);
   broadcast_batch(comm_, p);
   local_.step(b, logits_out);
 }
@@ -133,9 +133,7 @@ void run_follower(ModelBackend& local, Comm& comm, int64_t vocab) {
           int64_t want = 0;
           for (uint8_t w : p.logits) want += w != 0;
           logits.resize(size_t(want * vocab));
-          Batch b = p.batch();
-          b.undoable = c.v[1] != 0;
-          local.step(b, logits.data());
+          local.step(p.batch(), logits.data());
           break;
         }
         default: fail("run_follower: rank 0 sent an unknown command {}", c.v[0]);

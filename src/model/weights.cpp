@@ -290,6 +290,11 @@ Weights weights_load(const TensorStore& store, const Config& cfg, const LoadOpti
   w.layers.reserve(size_t(cfg.num_layers));
   for (int64_t L = 0; L < cfg.num_layers; ++L) w.layers.push_back(ld.layer(L));
   if (opt.mtp) {
+    // DeepSeek's later Flash checkpoints draft with DSpark stages (dspark_* keys) instead of MTP blocks.
+    for (const auto& [name, t] : store.all())
+      if (name.find("dspark") != std::string::npos)
+        fail("MTP asked for, but the checkpoint drafts with DSpark stages ('{}'), which clawmine does not run yet "
+             "(run it without --mtp)", name);
     const int64_t have = checkpoint_mtp_blocks(store);
     if (cfg.num_nextn_predict_layers == 0)
       fail("MTP asked for, but the config has num_nextn_predict_layers = 0 (no MTP block)");

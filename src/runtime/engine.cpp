@@ -3,7 +3,6 @@
 // queue (in_mu_) and each Job's event queue.
 #include "runtime/engine.h"
 
-#include "runtime/row_sampler.h"
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -12,8 +11,7 @@
 #include <random>
 
 #include "common/error.h"
-#include "runtime/row_sampler.h"
-#include "runtime/stop_rule.h"
+#include "runtime/engine_seq.h"
 
 namespace cm::runtime {
 
@@ -43,44 +41,6 @@ std::vector<JobEvent> Job::pop(int timeout_ms) {
   return out;
 }
 
-// A running sequence: its job, its slot, and the per-request sampling and text state.
-struct Engine::Seq {
-  std::shared_ptr<Job> job;
-  int32_t slot = -1;
-  int64_t fed = 0;                 // prompt tokens in the slot's state
-  int64_t reused = 0;              // of which came from prefix reuse
-  std::vector<int32_t> hist;       // prompt + generated (the penalties' history)
-  int64_t generated = 0;
-  int32_t pending = -1;            // sampled token still to be fed (decode phase)
-  bool hold_last = false;          // forks wait for this prompt's state: stop one token short once
-  std::vector<TokenOut> prompt_lp; // prompt_logprobs: prompt tokens 1.. so far
-  RowSampler sampler;
-  StopRule rule;
-  std::unique_ptr<TokenConstraint> constraint;  // structured output (null: none)
-  Clock::time_point arrival, first_token, last_token;
-  Seq(std::shared_ptr<Job> j, const Tokenizer* tok, const EngineOptions& opt)
-      : job(std::move(j)), sampler(job->spec.sampling, job->spec.prompt), rule(stop_params(job->spec, opt), tok,
-                                                              int64_t(job->spec.prompt.size())) {}
-  static StopParams stop_params(const JobSpec& spec, const EngineOptions& opt) {
-    StopParams p;
-    p.eos_ids = opt.eos_ids;
-    p.max_tokens = spec.max_tokens;
-    p.ctx = opt.ctx;
-    p.stop = spec.stop;
-    p.stop_token_ids = spec.stop_token_ids;
-    p.ignore_eos = spec.ignore_eos;
-    p.min_tokens = spec.min_tokens;
-    return p;
-  }
-  bool prefilling() const { return fed < int64_t(job->spec.prompt.size()); }
-  // Where this step's prefill chunk may end: one token short of the prompt while holding for forks.
-  int64_t prefill_end() {
-    const int64_t len = int64_t(job->spec.prompt.size());
-    if (hold_last && fed == len - 1) hold_last = false;  // the forks had their admission; go on
-    return hold_last ? len - 1 : len;
-  }
-};
-
 Engine::Engine(ModelBackend& backend, const Tokenizer* tok, int64_t vocab, EngineOptions opt, EngineMetrics* metrics)
     : be_(backend), tok_(tok), vocab_(vocab), opt_(std::move(opt)), metrics_(metrics) {
   CM_CHECK(opt_.max_seqs >= 1, "--max-seqs must be >= 1 (got {})", opt_.max_seqs);
@@ -88,13 +48,28 @@ Engine::Engine(ModelBackend& backend, const Tokenizer* tok, int64_t vocab, Engin
            "--max-step-tokens ({}) must be at least --max-seqs ({}) so every running sequence decodes each step",
            opt_.max_step_tokens, opt_.max_seqs);
   CM_CHECK(opt_.ctx >= 2, "--ctx must be >= 2 (got {})", opt_.ctx);
+  CM_CHECK(opt_.mtp_draft >= 0 && opt_.mtp_draft <= kMaxDraft, "--mtp {} outside [0, {}] (drafts per step)",
+           opt_.mtp_draft, kMaxDraft);
+  if (opt_.mtp_draft > 0 && !be_.has_mtp()) {
+    if (be_.device() == Device::CUDA)
+      fail("--mtp {}: the CUDA backend does not run the MTP block yet (use --device cpu, or leave --mtp out)",
+           opt_.mtp_draft);
+    fail("--mtp {}: the backend runs no MTP block (the model was loaded without it, or runs over several ranks)",
+         opt_.mtp_draft);
+  }
   const CacheShape& have = be_.shape();
   if (have.max_slots != opt_.max_seqs || have.max_step_tokens != opt_.max_step_tokens || have.max_ctx != opt_.ctx)
     be_.reserve(CacheShape{opt_.max_seqs, opt_.max_step_tokens, opt_.ctx});
+  if (opt_.mtp_draft > 0)
+    CM_CHECK(opt_.mtp_draft + 1 <= be_.undo_token_limit(),
+             "--mtp {}: a verify run of {} tokens exceeds the {} tokens this model's state can roll back", opt_.mtp_draft,
+             opt_.mtp_draft + 1, be_.undo_token_limit());
   for (int32_t s = 0; s < opt_.max_seqs; ++s) be_.reset_slot(s);
   slots_.resize(size_t(opt_.max_seqs));
-  // A step asks for at most one logits row per slot (its decode token or its prompt's last token).
-  logits_.resize(size_t(std::min(opt_.max_seqs, opt_.max_step_tokens)) * size_t(vocab_));
+  // A step asks for at most one logits row per slot (its decode token or its prompt's last token),
+  // with MTP 1 + drafts per decoding slot.
+  logits_.resize(size_t(std::min<int64_t>(int64_t(opt_.max_seqs) * (1 + opt_.mtp_draft), opt_.max_step_tokens)) *
+                 size_t(vocab_));
 }
 
 Engine::~Engine() { stop(); }
@@ -286,20 +261,31 @@ bool Engine::step_once() {
   if (running_.empty()) return false;
 
   // The batch: decode tokens first, then prefill chunks in admission order under the budget.
-  b_token_.clear(), b_pos_.clear(), b_slot_.clear(), b_logits_.clear();
+  if (opt_.mtp_draft > 0) make_drafts();
+  if (running_.empty()) return true;  // every job ended on a failed draft
+  b_token_.clear(), b_pos_.clear(), b_slot_.clear(), b_logits_.clear(), b_undo_.clear();
+  bool speculating = false;
   // The sequence of each logits row, in order, and the prompt position of a prompt_logprobs row
   // (-1: a row to sample from).
   std::vector<std::pair<Seq*, int64_t>> row_seq;
-  auto add = [&](Seq& s, int32_t tok, bool want, int64_t prompt_pos = -1) {
+  auto add = [&](Seq& s, int32_t tok, bool want, int64_t prompt_pos = -1, bool undo = false) {
     b_token_.push_back(tok);
     b_pos_.push_back(int32_t(slots_[size_t(s.slot)].held.size()));
     b_slot_.push_back(s.slot);
     b_logits_.push_back(want ? 1 : 0);
+    b_undo_.push_back(undo ? 1 : 0);
     slots_[size_t(s.slot)].held.push_back(tok);
     if (want) row_seq.emplace_back(&s, prompt_pos);
   };
-  for (auto& s : running_)
-    if (!s->prefilling()) add(*s, s->pending, true);
+  // A speculating sequence's rows: its next token, then its drafts, all with logits, one undoable run
+  // (row_seq gets one entry per row; verify() takes them together).
+  for (auto& s : running_) {
+    if (s->prefilling()) continue;
+    const bool spec = !s->drafts.empty();
+    speculating = speculating || spec;
+    add(*s, s->pending, true, -1, spec);
+    for (int32_t d : s->drafts) add(*s, d, true, -1, true);
+  }
   int64_t budget = opt_.max_step_tokens - int64_t(b_token_.size());
   std::vector<std::pair<Seq*, int64_t>> chunks;
   int64_t prompt_rows = kPromptRows;  // logits rows left for prompt_logprobs (beyond one per sequence)
@@ -327,10 +313,11 @@ bool Engine::step_once() {
   b.pos = b_pos_.data();
   b.slot = b_slot_.data();
   b.logits = b_logits_.data();
+  if (speculating) b.undo = b_undo_.data();
   std::vector<std::pair<Seq*, std::string>> failed;
   // Sampling on the backend: every logits row a token to draw for a job without a grammar (logprobs,
   // with at most kMaxSampleTopN alternatives, come back with the tokens).
-  bool on_device = opt_.sample_on_device && be_.samples_on_device() && !row_seq.empty() &&
+  bool on_device = opt_.sample_on_device && be_.samples_on_device() && !row_seq.empty() && !speculating &&
                    int64_t(row_seq.size()) <= be_.shape().max_slots;
   std::vector<Seq*> dev_seqs;
   for (const auto& [s, pos] : row_seq)
@@ -356,6 +343,7 @@ bool Engine::step_once() {
       size_t rows = 0;
       while (j < b.n && b_slot_[size_t(j)] == b_slot_[size_t(i)]) rows += b_logits_[size_t(j++)];
       Batch one{j - i, b.token + i, b.pos + i, b.slot + i, b.logits + i};
+      if (b.undo) one.undo = b.undo + i;
       try {
         be_.step(one, logits_.data() + row * size_t(vocab_));
       } catch (const std::exception& e1) {
@@ -371,17 +359,22 @@ bool Engine::step_once() {
   };
   for (auto& [s, n] : chunks)
     if (!is_failed(s)) s->fed += n;
+  ++spec_.steps;
   if (on_device) {
     sample_rows_on_device(dev_seqs);
     return true;
   }
   // Sampling may finish sequences (erasing them from running_); every row's sequence is still
-  // alive when its turn comes, since a sequence's only row to sample from is its last.
-  for (size_t r = 0; r < row_seq.size(); ++r) {
+  // alive when its turn comes, since a sequence's only rows to sample from are its last (one, or a
+  // speculating sequence's 1 + drafts, taken together).
+  for (size_t r = 0; r < row_seq.size();) {
     auto [s, pos] = row_seq[r];
-    if (is_failed(s)) continue;
+    const size_t rows = 1 + s->drafts.size();
     const float* row = logits_.data() + r * size_t(vocab_);
-    if (pos >= 0) on_prompt_row(*s, pos, row);
+    r += rows;
+    if (is_failed(s)) continue;
+    if (rows > 1) verify(*s, row);
+    else if (pos >= 0) on_prompt_row(*s, pos, row);
     else on_logits(*s, row);
   }
   for (auto& [s, what] : failed) {
@@ -417,7 +410,7 @@ void Engine::on_prompt_row(Seq& s, int64_t pos, const float* row) {
   s.prompt_lp.push_back(std::move(t));
 }
 
-void Engine::on_logits(Seq& s, const float* row) {
+bool Engine::on_logits(Seq& s, const float* row) {
   int32_t id;
   try {
     TokenConstraint::Constrained c{row, &s.rule.banned()};
@@ -425,9 +418,10 @@ void Engine::on_logits(Seq& s, const float* row) {
     id = s.sampler.sample(c.row, vocab_, int64_t(s.hist.size()), *c.banned);
   } catch (const std::exception& e) {
     finish(s, "error", false, e.what());
-    return;
+    return false;
   }
-  on_token(s, id, row);
+  ++spec_.emitted;
+  return on_token(s, id, row);
 }
 
 bool Engine::build_device_sampling(const std::vector<Seq*>& seqs) {
@@ -487,12 +481,13 @@ bool Engine::sample_rows_on_device(const std::vector<Seq*>& seqs) {
         if (d_top_id_[at] >= 0) lp.top.push_back({d_top_id_[at], d_top_lp_[at]});
       }
     }
+    ++spec_.emitted;
     on_token(*seqs[r], d_token_[r], nullptr, k >= 0 ? &lp : nullptr);
   }
   return true;
 }
 
-void Engine::on_token(Seq& s, int32_t id, const float* row, const TokenOut* lp) {
+bool Engine::on_token(Seq& s, int32_t id, const float* row, const TokenOut* lp) {
   const JobSpec& spec = s.job->spec;
   const auto now = Clock::now();
   if (s.generated == 0) {
@@ -522,19 +517,27 @@ void Engine::on_token(Seq& s, int32_t id, const float* row, const TokenOut* lp) 
   }
   if (s.constraint) {
     const TokenConstraint::Step st = s.constraint->accept(id);
-    if (st == TokenConstraint::Step::Rejected) return finish(s, "error", false, "engine: the grammar rejected a sampled token");
+    if (st == TokenConstraint::Step::Rejected) {
+      finish(s, "error", false, "engine: the grammar rejected a sampled token");
+      return false;
+    }
     if (st == TokenConstraint::Step::Terminated) {
       // The grammar is complete and an end id was sampled: the job ends as on EOS (the id is not
       // text), whatever min_tokens or ignore_eos say (nothing else could follow).
       s.job->push(std::move(ev));
-      return finish(s, "stop", true);
+      finish(s, "stop", true);
+      return false;
     }
   }
   StopVerdict v = s.rule.on_token(id);
   ev.text = std::move(v.text);
   s.job->push(std::move(ev));
-  if (v.done) return finish(s, v.reason, v.eos);
+  if (v.done) {
+    finish(s, v.reason, v.eos);
+    return false;
+  }
   s.pending = id;
+  return true;
 }
 
 void Engine::finish(Seq& s, const std::string& reason, bool eos, const std::string& error) {

@@ -13,6 +13,16 @@
 //   4. rows with logits are sampled with the job's own RowSampler (its seed, penalties over prompt +
 //      output, EOS banned before min_tokens), and the job's StopRule (runtime/stop_rule.h)
 //      detokenizes, holds back stop strings and says whether the job ends; events go to its queue.
+// With MTP (EngineOptions::mtp_draft = K, speculative decoding): before the batch is built, every
+// decoding sequence without a grammar gets up to K drafts from the model's MTP block
+// (ModelBackend::draft, drawn with the job's own seed at the counters of the tokens they propose);
+// its step feeds its next token and the drafts as one undoable run with logits on every row. Row j is
+// then sampled exactly as a plain decode step would (the job's sampler, penalties over the tokens so
+// far, the same counter); draft j+1 is accepted while it equals the token drawn from row j, and the
+// slot is rolled back past the first mismatch (ModelBackend::rollback_slot). Every emitted token is
+// one the same job would draw without MTP, bit for bit on an exact backend: MTP changes only how many
+// tokens a step yields. Drafts are capped by the step budget, the context, max_tokens and the undo
+// limit; MTP steps sample on the host.
 // A job ends on EOS, a stop id or string, max_tokens, the context limit or cancellation; its slot
 // is free for the next step and keeps its tokens for later prefix reuse.
 //
@@ -126,9 +136,22 @@ struct EngineOptions {
   // rows x vocab floats) in the steps whose every logits row is a token to draw for a job without
   // logprobs or a grammar; the others return their logits as before. The same tokens either way.
   bool sample_on_device = true;
+  // Speculative decoding with the model's MTP block: drafts per decoding sequence and step, in
+  // [0, kMaxDraft] (0: off). The backend must run the block (ModelBackend::has_mtp()).
+  int32_t mtp_draft = 0;
   // Called by the engine thread after an iteration that found nothing to do (at least every 50 ms
   // while idle): a server over many ranks passes its LeaderBackend's keepalive here.
   std::function<void()> on_idle;
+};
+
+// What MTP speculation did so far (vLLM's spec_decode counters).
+struct SpecStats {
+  int64_t rounds = 0;    // verify runs (a sequence's next token and its drafts in one step)
+  int64_t drafted = 0;   // draft tokens proposed
+  int64_t accepted = 0;  // of which accepted
+  int64_t accepted_at[kMaxDraft] = {};  // accepted drafts by their index in the round
+  int64_t steps = 0;     // engine steps run (with or without speculation)
+  int64_t emitted = 0;   // tokens emitted by those steps' sampled rows
 };
 
 class Engine {
@@ -155,6 +178,7 @@ class Engine {
   // chat /reset).
   void drop_cached_prefixes();
   int64_t slot_count() const { return int64_t(slots_.size()); }
+  const SpecStats& spec_stats() const { return spec_; }  // engine thread (or after stop())
 
  private:
   struct Seq;
@@ -169,11 +193,17 @@ class Engine {
   void admit();
   int32_t choose_slot(const std::vector<int32_t>& prompt, int64_t* reused);
   bool waits_for_fork(const Job& j) const;
-  void on_logits(Seq& s, const float* row);
+  // Returns false when the token ended the job (the Seq is gone).
+  bool on_logits(Seq& s, const float* row);
+  // MTP: the drafts of this step's speculating sequences (Seq::drafts); jobs whose drafts fail end.
+  void make_drafts();
+  // MTP: samples a speculating sequence's k + 1 rows, accepts the drafts that match, rolls its slot back.
+  void verify(Seq& s, const float* rows);
   // The job's next token id is drawn (row: its logits, or null when they stayed on the device).
   // row: the raw logits the token came from (its logprobs are computed from them), or null; lp: the
   // token's logprobs when the backend computed them (device sampling), or null.
-  void on_token(Seq& s, int32_t id, const float* row, const TokenOut* lp = nullptr);
+  // Returns false when the token ended the job (the Seq is gone).
+  bool on_token(Seq& s, int32_t id, const float* row, const TokenOut* lp = nullptr);
   // The step's sampling arrays for the backend (one row per sequence, in order); false when they
   // exceed what a backend takes (ModelBackend::kMaxSampleAdjust): the step then returns its logits.
   bool build_device_sampling(const std::vector<Seq*>& seqs);
@@ -201,7 +231,8 @@ class Engine {
   std::vector<Slot> slots_;
   uint64_t clock_ = 0;
   std::vector<int32_t> b_token_, b_pos_, b_slot_;
-  std::vector<uint8_t> b_logits_;
+  std::vector<uint8_t> b_logits_, b_undo_;
+  SpecStats spec_;
   std::vector<float> logits_;
   // sample_rows_on_device's arrays (kept: a step allocates only when a row needs more room).
   std::vector<SampleParams> d_params_;

@@ -18,6 +18,8 @@ class EngineMetrics {
   virtual void observe_e2e(double s) = 0;
   virtual void request_finished(const std::string& reason) = 0;
   virtual void prefix_cache(int64_t queried_tokens, int64_t hit_tokens) = 0;
+  // MTP: one verify round of `drafted` drafts of which the first `accepted` were accepted.
+  virtual void spec_decode(int64_t drafted, int64_t accepted) = 0;
 };
 
 }  // namespace cm::runtime

@@ -35,11 +35,12 @@ struct Batch {
   const int32_t* pos = nullptr;
   const int32_t* slot = nullptr;
   const uint8_t* logits = nullptr;
-  // Speculative steps (MTP's verify and draft steps): the backend keeps the previous contents of every
-  // state row the step writes, so that rollback_slot can return each of its slots to any position since
-  // the slot's first undoable step. A slot's undoable span is at most undo_token_limit() tokens; a step
-  // that is not undoable ends the undo logs of its slots.
-  bool undoable = false;
+  // Speculative steps (MTP's verify steps): undo[i] = 1 marks a row whose slot keeps an undo log: the
+  // backend keeps the previous contents of every state row that slot's run writes, so that rollback_slot
+  // can return it to any position since its log opened. Every row of a slot's run carries the same flag;
+  // a slot's undoable span is at most undo_token_limit() tokens. A run without it (a prefill chunk, a
+  // plain decode token; or undo = null: every run) ends its slot's undo log.
+  const uint8_t* undo = nullptr;
 };
 
 // How the rows with logits of the last step are sampled where they were computed (ops/sample.h: the

@@ -91,6 +91,15 @@ void Metrics::prefix_cache(int64_t queried, int64_t hit) {
   if (hit > 0) ++prefix_hit_requests_;
 }
 
+void Metrics::spec_decode(int64_t drafted, int64_t accepted) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++spec_rounds_;
+  spec_drafted_ += drafted;
+  spec_accepted_ += accepted;
+  if (spec_accepted_at_.size() < size_t(drafted)) spec_accepted_at_.resize(size_t(drafted), 0);
+  for (int64_t j = 0; j < accepted; ++j) ++spec_accepted_at_[size_t(j)];
+}
+
 std::string Metrics::render() const {
   std::lock_guard<std::mutex> l(mu_);
   const std::string lbl = fmt::format("model_name=\"{}\"", label_escape(model_));
@@ -110,6 +119,15 @@ std::string Metrics::render() const {
     o += fmt::format("clawmine:request_success_total{{{},finished_reason=\"{}\"}} {}\n", lbl, r,
                      it == finished_.end() ? 0 : it->second);
   }
+  scalar(o, "spec_decode_num_drafts_total", "counter", "MTP verify rounds (a sequence's token and its drafts in one step).",
+         lbl, spec_rounds_);
+  scalar(o, "spec_decode_num_draft_tokens_total", "counter", "MTP draft tokens proposed.", lbl, spec_drafted_);
+  scalar(o, "spec_decode_num_accepted_tokens_total", "counter", "MTP draft tokens accepted.", lbl, spec_accepted_);
+  o += "# HELP clawmine:spec_decode_num_accepted_tokens_per_pos_total MTP drafts accepted by their position in the round.\n"
+       "# TYPE clawmine:spec_decode_num_accepted_tokens_per_pos_total counter\n";
+  for (size_t j = 0; j < spec_accepted_at_.size(); ++j)
+    o += fmt::format("clawmine:spec_decode_num_accepted_tokens_per_pos_total{{{},position=\"{}\"}} {}\n", lbl, j,
+                     spec_accepted_at_[j]);
   histogram_text(o, "time_to_first_token_seconds", "Time from arrival to the first generated token.", ttft_, lbl);
   histogram_text(o, "inter_token_latency_seconds", "Time between consecutive generated tokens.", itl_, lbl);
   histogram_text(o, "e2e_request_latency_seconds", "Time from arrival to the last token.", e2e_, lbl);

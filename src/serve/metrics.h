@@ -34,6 +34,7 @@ class Metrics : public runtime::EngineMetrics {
   void observe_e2e(double s) override;
   void request_finished(const std::string& reason) override;
   void prefix_cache(int64_t queried_tokens, int64_t hit_tokens) override;
+  void spec_decode(int64_t drafted, int64_t accepted) override;
   std::string render() const;
 
  private:
@@ -41,6 +42,9 @@ class Metrics : public runtime::EngineMetrics {
   std::string model_;
   int64_t running_ = 0, waiting_ = 0;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0, prefix_queries_ = 0, prefix_hits_ = 0, prefix_hit_requests_ = 0;
+  // MTP (vLLM's spec_decode counters): verify rounds, draft tokens, accepted drafts, by position.
+  int64_t spec_rounds_ = 0, spec_drafted_ = 0, spec_accepted_ = 0;
+  std::vector<int64_t> spec_accepted_at_;
   Histogram ttft_, itl_, e2e_;
   std::map<std::string, int64_t> finished_;
 };

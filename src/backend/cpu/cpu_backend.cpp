@@ -265,12 +265,12 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
          shape_.max_slots);
   }
   try {
-    undo_.check(plan_, b.undoable);
+    undo_.check(plan_);
   } catch (...) {
     batch_ = nullptr;
     throw;
   }
-  undo_.book_step(plan_, b.undoable, undo_copies_);
+  undo_.book_step(plan_, undo_copies_);
   {
     const char* base = reinterpret_cast<const char*>(state_.data());
     for (const UndoCopy& c : undo_copies_) std::memcpy(undo_log_.data() + c.log_off, base + c.state_off, c.bytes);

@@ -157,8 +157,8 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   // The plan: the batch's rows and the rows whose logits are wanted, one transfer.
   plan_.build(b);
   const int64_t R = plan_.n_logits, max_pos = plan_.max_pos;
-  undo_.check(plan_, b.undoable);  // throws (cm::Error) before anything changes
-  undo_.book_step(plan_, b.undoable, undo_copies_);
+  undo_.check(plan_);  // throws (cm::Error) before anything changes
+  undo_.book_step(plan_, undo_copies_);
   std::copy(b.token, b.token + n, plan_host_);
   std::copy(b.pos, b.pos + n, plan_host_ + N);
   std::copy(b.slot, b.slot + n, plan_host_ + 2 * N);

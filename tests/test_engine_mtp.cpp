@@ -1,0 +1,324 @@
+// The engine's speculative decoding (EngineOptions::mtp_draft, runtime/engine_mtp.cpp): with the
+// checkpoint's MTP block drafting, jobs of every kind (greedy, seeded sampling with top-k/top-p,
+// penalties, logprobs, stop ids, min_tokens, max_tokens and the context cut short) emit exactly the
+// tokens, logprobs and finish reasons they emit without it, side by side with prefill chunks in the
+// same steps; drafts that are the model's own continuation are accepted (fewer steps), corrupted ones
+// are not; the counters add up; a backend without the block and out-of-range K are errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "common/error.h"
+#include "factory/factory.h"
+#include "mtp_fixture.h"
+#include "runtime/engine.h"
+#include "cli_run.h"
+#include "step_util.h"
+
+using namespace cm;
+using namespace cm::runtime;
+using namespace cm::test::mtp;
+using cm::test::error_of;
+
+namespace {
+
+std::unique_ptr<Model> mtp_model() {
+  static const std::string dir = [] {
+    const json cfg = release_config();
+    return write_checkpoint("engine", with_mtp_block(release_tensors(), hidden_of(cfg)), cfg);
+  }();
+  return model_load(dir, with_mtp());
+}
+
+struct Outcome {
+  std::vector<int32_t> ids;
+  std::vector<float> lp;
+  std::vector<std::vector<TopLogprob>> top;
+  std::string reason;
+  bool operator==(const Outcome& o) const {
+    if (ids != o.ids || reason != o.reason || lp.size() != o.lp.size() || top.size() != o.top.size()) return false;
+    if (std::memcmp(lp.data(), o.lp.data(), lp.size() * 4) != 0) return false;
+    for (size_t i = 0; i < top.size(); ++i) {
+      if (top[i].size() != o.top[i].size()) return false;
+      for (size_t j = 0; j < top[i].size(); ++j)
+        if (top[i][j].id != o.top[i][j].id || std::memcmp(&top[i][j].logprob, &o.top[i][j].logprob, 4) != 0) return false;
+    }
+    return true;
+  }
+};
+
+// Submits every job at once (admitted as slots free up) and steps until all have finished.
+std::vector<Outcome> run_jobs(Engine& e, const std::vector<JobSpec>& specs) {
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (const JobSpec& s : specs) jobs.push_back(std::make_shared<Job>(s));
+  e.submit(jobs);
+  std::vector<Outcome> out(specs.size());
+  std::vector<bool> done(specs.size(), false);
+  for (int guard = 0; guard < 100000; ++guard) {
+    const bool worked = e.step_once();
+    for (size_t i = 0; i < jobs.size(); ++i)
+      for (JobEvent& ev : jobs[i]->pop(0)) {
+        for (const TokenOut& t : ev.tokens) {
+          out[i].ids.push_back(t.id);
+          out[i].lp.push_back(t.logprob);
+          out[i].top.push_back(t.top);
+        }
+        if (ev.kind == JobEvent::Finish) {
+          out[i].reason = ev.finish_reason + (ev.error.empty() ? "" : ": " + ev.error);
+          done[i] = true;
+        }
+      }
+    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) return out;
+    if (!worked) break;
+  }
+  ADD_FAILURE() << "jobs did not finish";
+  return out;
+}
+
+std::vector<JobSpec> mixed_jobs(int64_t V, int64_t ctx) {
+  std::mt19937 rng(5);
+  auto prompt = [&](size_t n) {
+    std::vector<int32_t> p(n);
+    for (int32_t& t : p) t = int32_t(rng() % uint32_t(V));
+    return p;
+  };
+  std::vector<JobSpec> v;
+  JobSpec greedy;
+  greedy.prompt = prompt(9);
+  greedy.max_tokens = 40;
+  greedy.ignore_eos = true;
+  v.push_back(greedy);
+  JobSpec hot;
+  hot.prompt = prompt(30);
+  hot.max_tokens = 33;
+  hot.ignore_eos = true;
+  hot.sampling.temperature = 0.8f, hot.sampling.seed = 3, hot.sampling.top_k = 40, hot.sampling.top_p = 0.9f;
+  v.push_back(hot);
+  JobSpec pen;
+  pen.prompt = prompt(5);
+  pen.max_tokens = 25;
+  pen.ignore_eos = true;
+  pen.sampling.temperature = 0.6f, pen.sampling.seed = 9, pen.sampling.repetition_penalty = 1.3f;
+  pen.sampling.presence_penalty = 0.4f, pen.sampling.frequency_penalty = 0.2f;
+  pen.logprobs = 3;
+  v.push_back(pen);
+  JobSpec stops = greedy;
+  stops.prompt = prompt(17);
+  stops.max_tokens = 30;
+  stops.ignore_eos = false;
+  stops.min_tokens = 4;
+  for (int32_t t = 0; t < 12; ++t) stops.stop_token_ids.push_back(int32_t(rng() % uint32_t(V)));
+  v.push_back(stops);
+  JobSpec edge = hot;  // runs into the context
+  edge.prompt = prompt(size_t(ctx - 11));
+  edge.max_tokens = 100;
+  edge.sampling.seed = 21;
+  v.push_back(edge);
+  JobSpec greedy2 = greedy;
+  greedy2.prompt = prompt(60);  // a long prompt prefilled in chunks beside the others' verify runs
+  greedy2.max_tokens = 19;
+  v.push_back(greedy2);
+  return v;
+}
+
+EngineOptions options(int32_t mtp, int64_t ctx) {
+  EngineOptions o;
+  o.max_seqs = 3;
+  o.max_step_tokens = 24;
+  o.ctx = ctx;
+  o.mtp_draft = mtp;
+  o.sample_on_device = false;
+  return o;
+}
+
+// Forwards to a backend and drafts from a table of the jobs' true continuations instead of the MTP
+// block: each slot's tokens are tracked (steps, rollbacks, copies) to find the job it holds; drafts at
+// the positions `corrupt` picks are changed to another token.
+class OracleBackend : public ModelBackend {
+ public:
+  OracleBackend(ModelBackend& b, std::vector<std::vector<int32_t>> seqs, int64_t V)
+      : b_(b), seqs_(std::move(seqs)), V_(V) {}
+  Device device() const override { return b_.device(); }
+  void reserve(const CacheShape& s) override { b_.reserve(s), held_.assign(size_t(s.max_slots), {}); }
+  const CacheShape& shape() const override { return b_.shape(); }
+  size_t bytes_per_slot(const CacheShape& s) const override { return b_.bytes_per_slot(s); }
+  int64_t slot_pos(int32_t slot) const override { return b_.slot_pos(slot); }
+  void reset_slot(int32_t slot) override { b_.reset_slot(slot), held_[size_t(slot)].clear(); }
+  void copy_slot(int32_t from, int32_t to) override { b_.copy_slot(from, to), held_[size_t(to)] = held_[size_t(from)]; }
+  int64_t undo_token_limit() const override { return b_.undo_token_limit(); }
+  void rollback_slot(int32_t slot, int64_t pos) override {
+    b_.rollback_slot(slot, pos);
+    held_[size_t(slot)].resize(size_t(pos));
+  }
+  bool has_mtp() const override { return true; }
+  void step(const Batch& b, float* logits_out) override {
+    b_.step(b, logits_out);
+    for (int32_t i = 0; i < b.n; ++i) held_[size_t(b.slot[i])].push_back(b.token[i]);
+  }
+  void draft(const DraftRequest& r) override {
+    for (int32_t i = 0; i < r.n; ++i) {
+      std::vector<int32_t> h = held_[size_t(r.slot[i])];
+      h.push_back(r.token[i]);
+      const std::vector<int32_t>* seq = nullptr;
+      for (const auto& s : seqs_)
+        if (s.size() >= h.size() && std::equal(h.begin(), h.end(), s.begin())) seq = &s;
+      for (int32_t j = 0; j < r.k; ++j) {
+        const size_t at = h.size() + size_t(j);
+        int32_t d = seq && at < seq->size() ? (*seq)[at] : 0;
+        if (corrupt && corrupt(int64_t(at))) d = int32_t((d + 1) % V_);
+        r.out[i * r.k + j] = d;
+      }
+      ++drafts;
+    }
+  }
+  std::function<bool(int64_t)> corrupt;
+  int drafts = 0;
+
+ private:
+  ModelBackend& b_;
+  std::vector<std::vector<int32_t>> seqs_;
+  int64_t V_;
+  std::vector<std::vector<int32_t>> held_;
+};
+
+class CountingMetrics : public EngineMetrics {
+ public:
+  void set_queue(int64_t, int64_t) override {}
+  void add_prompt_tokens(int64_t) override {}
+  void add_generation_tokens(int64_t n) override { generated += n; }
+  void observe_ttft(double) override {}
+  void observe_inter_token(double) override {}
+  void observe_e2e(double) override {}
+  void request_finished(const std::string&) override {}
+  void prefix_cache(int64_t, int64_t) override {}
+  void spec_decode(int64_t d, int64_t a) override { ++rounds, drafted += d, accepted += a; }
+  int64_t generated = 0, rounds = 0, drafted = 0, accepted = 0;
+};
+
+}  // namespace
+
+// The MTP block drafting: every job's tokens, logprobs and finish reason are those it has without MTP.
+TEST(EngineMtp, SameTokensAsWithout) {
+  auto m = mtp_model();
+  const int64_t V = m->config.vocab_size, ctx = 96;
+  const std::vector<JobSpec> specs = mixed_jobs(V, ctx);
+  auto plain_be = make_backend(*m, Device::CPU);
+  Engine plain(*plain_be, nullptr, V, options(0, ctx), nullptr);
+  const std::vector<Outcome> want = run_jobs(plain, specs);
+  for (int32_t k : {1, 3, 7}) {
+    auto be = make_backend(*m, Device::CPU);
+    CountingMetrics metrics;
+    Engine e(*be, nullptr, V, options(k, ctx), &metrics);
+    const std::vector<Outcome> got = run_jobs(e, specs);
+    for (size_t i = 0; i < specs.size(); ++i)
+      EXPECT_TRUE(got[i] == want[i]) << "--mtp " << k << " job " << i << ": " << got[i].ids.size() << " tokens ("
+                                     << got[i].reason << ") vs " << want[i].ids.size() << " (" << want[i].reason << ")";
+    const SpecStats& st = e.spec_stats();
+    EXPECT_GT(st.rounds, 20) << "--mtp " << k;
+    if (k > 1) EXPECT_GT(st.drafted, st.rounds);
+    EXPECT_EQ(metrics.rounds, st.rounds);
+    EXPECT_EQ(metrics.drafted, st.drafted);
+    EXPECT_EQ(metrics.accepted, st.accepted);
+    int64_t by_pos = 0;
+    for (int64_t a : st.accepted_at) by_pos += a;
+    EXPECT_EQ(by_pos, st.accepted);
+    std::printf("  --mtp %d: %lld rounds, %lld of %lld drafts accepted, %lld tokens in %lld steps\n", k,
+                (long long)st.rounds, (long long)st.accepted, (long long)st.drafted, (long long)st.emitted,
+                (long long)st.steps);
+  }
+}
+
+// Drafts that are the jobs' own continuations are all accepted (k + 1 tokens a round), corrupted ones
+// end their round at the corruption; the tokens never change.
+TEST(EngineMtp, AcceptsTheModelsOwnContinuation) {
+  auto m = model_load(std::string(CLAWMINE_TEST_DATA) + "/golden/release_real_ratios");
+  const int64_t V = m->config.vocab_size, ctx = 96;
+  const std::vector<JobSpec> specs = mixed_jobs(V, ctx);
+  auto plain_be = make_backend(*m, Device::CPU);
+  Engine plain(*plain_be, nullptr, V, options(0, ctx), nullptr);
+  const std::vector<Outcome> want = run_jobs(plain, specs);
+  std::vector<std::vector<int32_t>> seqs;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    seqs.push_back(specs[i].prompt);
+    seqs.back().insert(seqs.back().end(), want[i].ids.begin(), want[i].ids.end());
+  }
+  for (bool corrupt : {false, true}) {
+    auto inner = make_backend(*m, Device::CPU);
+    OracleBackend be(*inner, seqs, V);
+    // Every third position: each round of 4 drafts meets one within its first 3, so at most 2 are accepted.
+    if (corrupt) be.corrupt = [](int64_t pos) { return pos % 3 == 0; };
+    const int32_t K = 4;
+    Engine e(be, nullptr, V, options(K, ctx), nullptr);
+    const std::vector<Outcome> got = run_jobs(e, specs);
+    for (size_t i = 0; i < specs.size(); ++i)
+      EXPECT_TRUE(got[i] == want[i]) << (corrupt ? "corrupted" : "exact") << " drafts, job " << i;
+    const SpecStats& st = e.spec_stats();
+    EXPECT_EQ(st.rounds, be.drafts);
+    for (int32_t j = 0; j + 1 < K; ++j) EXPECT_GE(st.accepted_at[j], st.accepted_at[j + 1]);  // a prefix is accepted
+    if (!corrupt) {
+      // Every draft is accepted unless its job ended on it (a stop id, max_tokens or the context).
+      EXPECT_GE(st.accepted, st.drafted - int64_t(specs.size()) * K) << st.accepted << " of " << st.drafted;
+      EXPECT_GT(double(st.emitted) / double(st.rounds), 3.0);
+    } else {
+      EXPECT_LE(2 * st.accepted, st.drafted);
+      EXPECT_GT(st.accepted_at[1], 0);  // and some rounds accept 2
+      EXPECT_EQ(st.accepted_at[2], 0);
+    }
+  }
+}
+
+TEST(EngineMtp, ErrorsNameTheProblem) {
+  auto m = model_load(std::string(CLAWMINE_TEST_DATA) + "/golden/release_real_ratios");
+  const int64_t V = m->config.vocab_size;
+  auto be = make_backend(*m, Device::CPU);
+  EXPECT_NE(error_of([&] { Engine e(*be, nullptr, V, options(3, 64), nullptr); }).find("runs no MTP block"),
+            std::string::npos);
+  auto mm = mtp_model();
+  auto mbe = make_backend(*mm, Device::CPU);
+  EXPECT_NE(error_of([&] { Engine e(*mbe, nullptr, V, options(kMaxDraft + 1, 64), nullptr); }).find("outside [0, 7]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { Engine e(*mbe, nullptr, V, options(-1, 64), nullptr); }).find("outside [0, 7]"),
+            std::string::npos);
+}
+
+// The CLI: `generate --mtp K` (and CLAWMINE_MTP) prints the text it prints without, and what the
+// drafts did; a checkpoint without the block and K out of range are one-line errors.
+TEST(EngineMtp, CliGenerateWithMtp) {
+  static const std::string dir = [] {
+    const json cfg = release_config();
+    return write_checkpoint("cli", with_mtp_block(release_tensors(), hidden_of(cfg)), cfg);
+  }();
+  auto cli = [](std::vector<std::string> args, std::vector<std::string> env = {}) {
+    args.insert(args.begin(), CLAWMINE_BINARY);
+    cm::test::RunOptions o;
+    o.set_env = std::move(env);
+    return cm::test::run_program(args, o);
+  };
+  const std::vector<std::string> base = {"generate", "-m", dir, "--tokens", "5,17,3,9", "-n", "30",
+                                         "--temp", "0.9", "--top-k", "50", "-s", "7", "--ignore-eos", "--device", "cpu"};
+  const cm::test::RunResult plain = cli(base);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.err.find("mtp:"), std::string::npos);
+  auto with = base;
+  with.insert(with.end(), {"--mtp", "3"});
+  const cm::test::RunResult spec = cli(with);
+  ASSERT_EQ(spec.code, 0) << spec.err;
+  EXPECT_EQ(spec.out, plain.out);
+  EXPECT_NE(spec.err.find("drafts accepted"), std::string::npos) << spec.err;
+  const cm::test::RunResult env = cli(base, {"CLAWMINE_MTP=2"});
+  ASSERT_EQ(env.code, 0) << env.err;
+  EXPECT_EQ(env.out, plain.out);
+  EXPECT_NE(env.err.find("drafts accepted"), std::string::npos) << env.err;
+
+  const std::string no_block = std::string(CLAWMINE_TEST_DATA) + "/golden/release_real_ratios";
+  const cm::test::RunResult none = cli({"generate", "-m", no_block, "--tokens", "5", "-n", "3", "--mtp", "2"});
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.err.find("mtp"), std::string::npos) << none.err;
+  EXPECT_EQ(std::count(none.err.begin(), none.err.end(), '\n'), 1) << none.err;
+  const cm::test::RunResult big = cli({"generate", "-m", dir, "--tokens", "5", "-n", "3", "--mtp", "8"});
+  EXPECT_NE(big.code, 0);
+  EXPECT_NE(big.err.find("--mtp"), std::string::npos) << big.err;
+}
