@@ -30,6 +30,14 @@ if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
   set_tests_properties(server_api PROPERTIES LABELS cpu TIMEOUT 600 ENVIRONMENT
                        "CLAWMINE_BIN=$<TARGET_FILE:clawmine>;CLAWMINE_MODEL=${CMAKE_CURRENT_SOURCE_DIR}/models/default")
 endif()
+# server_mtp: `clawmine serve --mtp K` through the `openai` client on the default model plus an MTP block
+# built from its own layers: the same text as without MTP, the drafts on /metrics.
+if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
+  add_test(NAME server_mtp
+           COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/tests/server_mtp_test.py)
+  set_tests_properties(server_mtp PROPERTIES LABELS cpu TIMEOUT 300 ENVIRONMENT
+                       "CLAWMINE_BIN=$<TARGET_FILE:clawmine>;CLAWMINE_MODEL=${CMAKE_CURRENT_SOURCE_DIR}/models/default")
+endif()
 # layering: every #include in src/ and bench/ points down the layer stack and the rooms form no
 # cycle (tools/check_layers.py; docs/architecture.md draws the layers).
 if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)

@@ -32,8 +32,8 @@ PROMPT = "The history of tea"
 class Server:
     """A `clawmine serve --port 0` process; the port is read from its startup line."""
 
-    def __init__(self, *extra):
-        self.proc = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", "0", "-t", "2", *extra],
+    def __init__(self, *extra, model=None):
+        self.proc = subprocess.Popen([BIN, "serve", "-m", model or MODEL, "--port", "0", "-t", "2", *extra],
                                      stderr=subprocess.PIPE, text=True)
         self.lines = []
         self.port = None
