@@ -250,6 +250,26 @@ struct Bench {
     logits.resize(size_t(B * sd->model->config.vocab_size));
     be.step(Batch{int32_t(B), tok.data(), pos.data(), slot.data(), want.data()}, logits.data());
   }
+  // An MTP verify step: 1 + K random tokens for each of slots [0, B), logits of every row to the host (the
+  // engine samples verify rows there), one undoable run per slot; then every slot keeps its first token
+  // (rollback_slot), so the slots advance one position as in decode_step.
+  void verify_step(int64_t B, int64_t K) {
+    ModelBackend& be = *sd->backend;
+    const int64_t n = B * (1 + K);
+    tok.resize(size_t(n)), pos.resize(size_t(n)), slot.resize(size_t(n)), want.assign(size_t(n), 1);
+    undo.assign(size_t(n), 1);
+    for (int64_t i = 0; i < B; ++i)
+      for (int64_t j = 0; j <= K; ++j) {
+        const size_t r = size_t(i * (1 + K) + j);
+        tok[r] = random_token(), slot[r] = int32_t(i), pos[r] = int32_t(be.slot_pos(int32_t(i)) + j);
+      }
+    logits.resize(size_t(n * sd->model->config.vocab_size));
+    Batch b{int32_t(n), tok.data(), pos.data(), slot.data(), want.data()};
+    b.undo = undo.data();
+    be.step(b, logits.data());
+    for (int64_t i = 0; i < B; ++i) be.rollback_slot(int32_t(i), be.slot_pos(int32_t(i)) - K);
+  }
+  std::vector<uint8_t> undo;
   std::vector<SampleParams> params;
   std::vector<int32_t> sampled;
   std::vector<float> sampled_lp;
@@ -285,6 +305,9 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
   for (int64_t b : o.batches) CM_CU_CHECK(b >= 1, "bench model: batch sizes must be >= 1, got %lld", (long long)b);
   for (int64_t x : o.contexts) CM_CU_CHECK(x >= 1, "bench model: contexts must be >= 1, got %lld", (long long)x);
   for (int64_t x : o.prefill) CM_CU_CHECK(x >= 1, "bench model: prefill lengths must be >= 1, got %lld", (long long)x);
+  for (int64_t k : o.mtp)
+    CM_CU_CHECK(k >= 1 && k <= kMaxDraft, "bench model: --mtp values must be in [1, %d], got %lld", int(kMaxDraft),
+                (long long)k);
   Bench bn{o};
   nlohmann::json& out = bn.out;
   cudaDeviceProp prop{};
@@ -300,7 +323,9 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
   const int64_t max_b = o.batches.empty() ? 1 : *std::max_element(o.batches.begin(), o.batches.end());
   const int64_t max_c = o.contexts.empty() ? 1 : *std::max_element(o.contexts.begin(), o.contexts.end());
   const int64_t max_p = o.prefill.empty() ? 1 : *std::max_element(o.prefill.begin(), o.prefill.end());
-  const int64_t decode_margin = int64_t(o.batches.size()) * (o.warmup + o.repeats + 2) + 8;
+  // Positions the decode (and MTP verify) steps add past each context, plus a verify run's drafts.
+  const int64_t decode_margin =
+      int64_t(o.batches.size() + o.mtp.size() * o.mtp_batches.size()) * (o.warmup + o.repeats + 2) + 8 + kMaxDraft;
   SyntheticShape shape = o.shape;
   {
     SyntheticShape all = shape;
@@ -381,8 +406,17 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
                   "consecutive events per op label, summed over the layers; a linear is labelled by its weight "
                   "(its bf16 cast included), other ops by kernel family; the events between kernels also stop programmatic "
                   "dependent launch from overlapping them, so the profiled step's span is longer than gpu_ms"}};
+  if (!o.mtp.empty())
+    out["notes"]["mtp"] =
+        "B slots at `context` as for decode; a step of 1 + K random tokens per slot with logits on every row "
+        "(copied to the host, where the engine samples verify rows) and an undo log, then a rollback of every "
+        "slot to its first token; step_ms / gpu_ms as for decode (the rollback's copy kernel included in "
+        "step_ms). ms_per_token at acceptance a: step_ms / (1 + a + ... + a^K), the tokens a round yields when "
+        "each draft is accepted with probability a after its predecessor; the K drafts' own cost (K passes of "
+        "the MTP block) is not included";
   out["prefill"] = nlohmann::json::array();
   out["decode"] = nlohmann::json::array();
+  out["mtp"] = nlohmann::json::array();
   bn.save();
 
   // Prefill.
@@ -486,6 +520,42 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
                       (long long)B, (long long)ctx, w, g, g * 1e3 / double(NL), floor_ms, g / floor_ms));
         bn.save();
       }
+      // MTP verify steps at this context.
+      for (int64_t K : o.mtp)
+        for (int64_t B : o.mtp_batches) {
+          if (std::find(batches.begin(), batches.end(), B) == batches.end()) continue;
+          if (B * (1 + K) > fill || K + 1 > be.undo_token_limit()) {
+            out["skipped"].push_back(strf("mtp K=%lld batch %lld: %lld rows exceed the reserved %lld-row steps or "
+                                          "the undo limit of %lld tokens", (long long)K, (long long)B,
+                                          (long long)(B * (1 + K)), (long long)fill, (long long)be.undo_token_limit()));
+            continue;
+          }
+          if (bn.out_of_time(strf("mtp K=%lld batch %lld context %lld", (long long)K, (long long)B, (long long)ctx)))
+            continue;
+          std::vector<double> wall, gpu;
+          for (int r = 0; r < o.warmup + o.repeats; ++r) {
+            timer.set_mode(OpTimer::Mode::SPAN);
+            const auto t = Clock::now();
+            bn.verify_step(B, K);
+            const double w = seconds_since(t) * 1e3;
+            if (r >= o.warmup) wall.push_back(w), gpu.push_back(timer.span_ms());
+          }
+          timer.set_mode(OpTimer::Mode::OFF);
+          const double w = median(wall), g = median(gpu);
+          nlohmann::json per_token;
+          std::string line;
+          for (double a : {0.5, 0.7, 0.9}) {
+            double yield = 0, p = 1;
+            for (int64_t j = 0; j <= K; ++j) yield += p, p *= a;
+            per_token[strf("%.1f", a)] = w / yield;
+            line += strf(" a=%.1f: %.3f ms/token", a, w / yield);
+          }
+          out["mtp"].push_back({{"context", ctx}, {"batch", B}, {"k", K}, {"rows", B * (1 + K)}, {"step_ms", w},
+                                {"gpu_ms", g}, {"ms_per_token", per_token}});
+          progress(strf("mtp verify K=%lld B=%lld ctx=%lld: step %.3f ms (GPU %.3f ms);%s", (long long)K, (long long)B,
+                        (long long)ctx, w, g, line.c_str()));
+          bn.save();
+        }
       // The top ops of one decode step at the smallest and the largest batch (first context only).
       if (!out.contains("top_ops"))
         for (int64_t B : {batches.front(), top_b}) {

@@ -55,6 +55,10 @@ struct ModelBenchOptions {
   // Decode steps keep their logits on the device and sample there (temperature 1, top-p 0.95):
   // step(batch, nullptr) + sample_last_step, R x 12 bytes back instead of R x vocab floats.
   bool sample_on_device = true;
+  // MTP verify steps (--mtp K,...): at each context, for the batches of mtp_batches that ran, steps of
+  // 1 + K rows per slot (logits on every row, undoable) each followed by a rollback to one accepted token.
+  std::vector<int64_t> mtp;
+  std::vector<int64_t> mtp_batches{1, 8};
 };
 
 // A synthetic model on the device behind the engine seam.

@@ -35,6 +35,7 @@ struct BenchOptions {
   int64_t layers = 0;
   std::vector<int64_t> prefill{2048, 8192};
   std::vector<int64_t> batches{1, 8, 64, 256};
+  std::vector<int64_t> mtp;  // model: MTP verify steps of 1 + K tokens per slot
   std::vector<int64_t> contexts{4096, 32768};
   int warmup = 2;
   int64_t prefill_chunk = 8192, fill_chunk = 4096;
@@ -124,6 +125,14 @@ void print_model_table(const nlohmann::json& r) {
                d["gpu_ms"].get<double>(), d["tok_s"].get<double>(), d["us_per_layer"].get<double>(),
                d["expected_experts_per_layer"].get<double>(), d["floor_ms"].get<double>(),
                d["ratio_to_floor"].get<double>());
+  if (r.contains("mtp") && !r["mtp"].empty()) {
+    fmt::print("\nmtp verify  context  batch  K  rows  step ms   GPU ms   ms/token at acceptance 0.5 / 0.7 / 0.9\n");
+    for (auto& m : r["mtp"])
+      fmt::print("          {:>9} {:>6} {:>2} {:>5} {:>8.3f} {:>8.3f}   {:>8.3f} {:>8.3f} {:>8.3f}\n",
+                 m["context"].get<int64_t>(), m["batch"].get<int64_t>(), m["k"].get<int64_t>(), m["rows"].get<int64_t>(),
+                 m["step_ms"].get<double>(), m["gpu_ms"].get<double>(), m["ms_per_token"]["0.5"].get<double>(),
+                 m["ms_per_token"]["0.7"].get<double>(), m["ms_per_token"]["0.9"].get<double>());
+  }
   const auto print_ops = [](const nlohmann::json& t) {
     for (auto& op : t["ops"])
       fmt::print("  {:<34} {:>5} calls {:>10.1f} us {:>6.1f}%\n", op["op"].get<std::string>(), op["calls"].get<int>(),
@@ -161,6 +170,7 @@ int run_bench_model(const BenchOptions& o) {
   mo.json_file = o.json_file;
   mo.fast_prefill = o.fast_prefill;
   mo.sample_on_device = o.sample_on_device;
+  mo.mtp = o.mtp;
   nlohmann::json r = cm::cuda::run_model_bench(mo);
   if (o.json) fmt::print("{}\n", r.dump(2));
   else print_model_table(r);
@@ -240,6 +250,10 @@ cm::cli::CommandRegistrar reg({"bench", "Benchmark the GPU kernels or a syntheti
                                  app.add_flag("--fast-prefill", o->fast_prefill,
                                               "model: prefill steps over 256 tokens run the quantized linears as "
                                               "BF16 cuBLAS GEMMs (not batch-invariant; as the engine's --fast-prefill)");
+                                 app.add_option("--mtp", o->mtp,
+                                                "model: MTP verify steps of 1 + K tokens per slot at batch 1 and 8 "
+                                                "(comma-separated K values, each in [1, 7])")
+                                     ->delimiter(',');
                                  app.add_flag("--sample-on-device,!--no-sample-on-device", o->sample_on_device,
                                               "model: decode steps sample on the device (temperature 1, top-p 0.95; "
                                               "the default, as the engine's) or, with --no-sample-on-device, copy "

@@ -138,6 +138,9 @@ int run(Opts& o) {
                    r.prompt_seconds > 0 ? double(r.prompt_tokens - r.prompt_reused) / r.prompt_seconds : 0.0,
                    (long long)r.tokens.size(), r.gen_seconds > 0 ? double(r.tokens.size()) / r.gen_seconds : 0.0,
                    (long long)used, (long long)ctx);
+    if (o.verbose && o.eng.mtp > 0)
+      std::fprintf(stderr, "[mtp: %lld of %lld drafts accepted, %.2f tokens per step]\n", (long long)r.accepted,
+                   (long long)r.drafted, r.steps > 0 ? double(r.tokens.size()) / double(r.steps) : 0.0);
     std::string done = r.text;
     if (mode == cm::chat::Mode::Thinking && done.find(cm::chat::kThinkEnd) == std::string::npos)
       done += cm::chat::kThinkEnd;  // an interrupted answer: keep what was said as reasoning
