@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -91,6 +92,17 @@ inline LoadOptions with_mtp() {
   o.mtp = true;
   return o;
 }
+
+// The fixture with its MTP block, written once per test process.
+inline const std::string& mtp_checkpoint() {
+  static const std::string dir = [] {
+    const json cfg = release_config();
+    return write_checkpoint("block", with_mtp_block(release_tensors(), hidden_of(cfg)), cfg);
+  }();
+  return dir;
+}
+
+inline std::unique_ptr<Model> mtp_model() { return model_load(mtp_checkpoint(), with_mtp()); }
 
 
 }  // namespace cm::test::mtp

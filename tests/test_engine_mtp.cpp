@@ -25,14 +25,6 @@ using cm::test::error_of;
 
 namespace {
 
-std::unique_ptr<Model> mtp_model() {
-  static const std::string dir = [] {
-    const json cfg = release_config();
-    return write_checkpoint("engine", with_mtp_block(release_tensors(), hidden_of(cfg)), cfg);
-  }();
-  return model_load(dir, with_mtp());
-}
-
 struct Outcome {
   std::vector<int32_t> ids;
   std::vector<float> lp;
@@ -287,10 +279,7 @@ TEST(EngineMtp, ErrorsNameTheProblem) {
 // The CLI: `generate --mtp K` (and CLAWMINE_MTP) prints the text it prints without, and what the
 // drafts did; a checkpoint without the block and K out of range are one-line errors.
 TEST(EngineMtp, CliGenerateWithMtp) {
-  static const std::string dir = [] {
-    const json cfg = release_config();
-    return write_checkpoint("cli", with_mtp_block(release_tensors(), hidden_of(cfg)), cfg);
-  }();
+  const std::string& dir = mtp_checkpoint();
   auto cli = [](std::vector<std::string> args, std::vector<std::string> env = {}) {
     args.insert(args.begin(), CLAWMINE_BINARY);
     cm::test::RunOptions o;

@@ -18,14 +18,6 @@ using cm::test::error_of;
 
 namespace {
 
-std::unique_ptr<Model> mtp_model() {
-  static const std::string dir = [] {
-    const json cfg = release_config();
-    return write_checkpoint("draft", with_mtp_block(release_tensors(), hidden_of(cfg)), cfg);
-  }();
-  return model_load(dir, with_mtp());
-}
-
 std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> t((size_t(n)));
