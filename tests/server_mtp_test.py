@@ -3,7 +3,7 @@ MTP block built from its own layers (layer 0's attention and experts, layer 2's 
 e_proj/h_proj, the final norm and HC head; the block is untrained, so few drafts are accepted, but every
 draft goes through drafting, verification and rollback), served with and without MTP: greedy and
 seeded completions, alone and 8 at once, plain and streamed, give the same text; /metrics counts the
-drafts; asking for MTP on the default model (no block) is a startup error naming it.
+drafts; asking for MTP on a copy without the block is a startup error naming it.
 
 Run: CLAWMINE_BIN=build/clawmine CLAWMINE_MODEL=models/default python -m pytest -q tests/server_mtp_test.py
 """
@@ -51,15 +51,29 @@ def bf16_random(rows, cols, scale, seed):
     return bytes(out)
 
 
-@pytest.fixture(scope="module")
-def mtp_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mtp_default")
+def copy_without_mtp(dst):
+    """The default model's files without any MTP block it has (shards holding only mtp.* are left out)."""
     ts = {}
     for name in sorted(os.listdir(MODEL)):
         src = os.path.join(MODEL, name)
         if name.endswith(".safetensors"):
-            ts.update(read_safetensors(src))
-        shutil.copy(src, d / name)
+            t = read_safetensors(src)
+            if all(k.startswith("model.mtp.") for k in t):
+                continue
+            ts.update(t)
+        shutil.copy(src, dst / name)
+    index = dst / "model.safetensors.index.json"
+    if index.exists():
+        j = json.loads(index.read_text())
+        j["weight_map"] = {k: v for k, v in j["weight_map"].items() if not k.startswith("model.mtp.")}
+        index.write_text(json.dumps(j))
+    return ts
+
+
+@pytest.fixture(scope="module")
+def mtp_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mtp_default")
+    ts = copy_without_mtp(d)
     D = ts["model.norm.weight"][1][0]
     block = {}
     for k, v in ts.items():
@@ -121,8 +135,9 @@ def test_mtp_serves_the_same_text(mtp_model):
     assert drafts > 50 and drafted > 2 * drafts and 0 <= accepted <= drafted
 
 
-def test_mtp_without_a_block_is_a_startup_error():
-    r = subprocess.run([BIN, "serve", "-m", MODEL, "--port", "0", "--mtp", "2", "--device", "cpu"],
+def test_mtp_without_a_block_is_a_startup_error(tmp_path):
+    copy_without_mtp(tmp_path)
+    r = subprocess.run([BIN, "serve", "-m", str(tmp_path), "--port", "0", "--mtp", "2", "--device", "cpu"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert "no MTP weights" in r.stderr, r.stderr
