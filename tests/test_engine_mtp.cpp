@@ -113,6 +113,12 @@ std::vector<JobSpec> mixed_jobs(int64_t V, int64_t ctx) {
   greedy2.prompt = prompt(60);  // a long prompt prefilled in chunks beside the others' verify runs
   greedy2.max_tokens = 19;
   v.push_back(greedy2);
+  JobSpec echo = greedy;  // every prompt row's logits, in steps beside the others' verify rows
+  echo.prompt = prompt(40);
+  echo.max_tokens = 12;
+  echo.prompt_logprobs = true;
+  echo.logprobs = 2;
+  v.push_back(echo);
   return v;
 }
 

@@ -232,8 +232,10 @@ void Engine::admit() {
     seq->hist = seq->job->spec.prompt;
     seq->arrival = seq->job->arrival;
     seq->hold_last = seq->job->spec.forks > 0 && reused < int64_t(prompt.size()) - 1;
-    if (seq->job->spec.prompt_logprobs && logits_.size() < size_t(opt_.max_seqs + kPromptRows) * size_t(vocab_))
-      logits_.resize(size_t(opt_.max_seqs + kPromptRows) * size_t(vocab_));
+    // A step's logits rows: 1 + drafts per slot, kPromptRows more for prompt_logprobs; never past its tokens.
+    const size_t rows = size_t(std::min<int64_t>(int64_t(opt_.max_seqs) * (1 + opt_.mtp_draft) + kPromptRows,
+                                                 opt_.max_step_tokens));
+    if (seq->job->spec.prompt_logprobs && logits_.size() < rows * size_t(vocab_)) logits_.resize(rows * size_t(vocab_));
     std::string bad_constraint;
     if (seq->job->spec.constraint) {
       try {
