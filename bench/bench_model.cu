@@ -113,7 +113,7 @@ SyntheticDevice::SyntheticDevice() = default;
 SyntheticDevice::~SyntheticDevice() = default;
 
 std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& shape, uint64_t seed,
-                                                       bool batch_invariant) {
+                                                       bool batch_invariant, bool mtp) {
   CM_CU_CHECK(device_count() > 0, "bench model: no CUDA device is present");
   auto sd = std::make_unique<SyntheticDevice>();
   sd->model = synthetic_model_shell(synthetic_config(shape));
@@ -122,9 +122,13 @@ std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& sha
   CM_CU_CHECK(D % 64 == 0 && I % 64 == 0, "bench model: hidden %lld and moe_intermediate %lld must be multiples of 64",
               (long long)D, (long long)I);
   auto dm = std::make_unique<DevModel>();
+  MtpWeights mw;  // (with mtp) the MTP block's small pieces taken from the globals
   {  // Embedding and head on the host only while they upload.
     sd->model->weights = synthetic_globals(c, seed);
     upload_globals(*sd->model, *dm);
+    const Weights& w = sd->model->weights;
+    mw.enorm = mw.hnorm = mw.norm = w.norm;
+    mw.hc_head_fn = w.hc_head_fn, mw.hc_head_base = w.hc_head_base, mw.hc_head_scale = w.hc_head_scale;
     sd->head_bytes = dm->head.bytes();
     sd->model->weights = Weights{};
   }
@@ -153,6 +157,22 @@ std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& sha
     }
     dl.experts->scale2.upload(s2.data(), s2.size() * 4);
     dm->bytes.experts += dl.experts->expert_bytes() * size_t(E) + dl.experts->scale2.size();
+  }
+  if (mtp) {  // the last layer's shape as a sliding-window, score-routed layer, with its own experts
+    mw.block = synthetic_layer(c, c.num_layers - 1, seed + 77, false);
+    mw.block.compressor.reset();
+    mw.block.indexer.reset();
+    mw.block.tid2eid.clear();
+    if (mw.block.gate_bias.empty()) mw.block.gate_bias.assign(size_t(E), 0.0f);
+    mw.e_proj = synthetic_fp8("mtp.0.e_proj.weight", D, D, seed + 78);
+    mw.h_proj = synthetic_fp8("mtp.0.h_proj.weight", D, D, seed + 79);
+    dm->mtp = upload_mtp(c, mw, dm->bytes);
+    DevLayer& dl = dm->mtp->block;
+    dl.experts = std::make_unique<DeviceExperts>(random_experts(D, I, 0, int(E), seed * 1000003 + 999));
+    dl.experts->swiglu_limit = c.swiglu_limit > 0 ? c.swiglu_limit : INFINITY;
+    DeviceExperts& ex = *dm->layers.back().experts;  // the same tensor scales as the layers'
+    dl.experts->scale2.alloc(ex.scale2.size());
+    CM_CUDA(cudaMemcpy(dl.experts->scale2.get(), ex.scale2.get(), ex.scale2.size(), cudaMemcpyDeviceToDevice));
   }
   finish_report(*dm);
   progress(dm->report);
@@ -250,8 +270,8 @@ struct Bench {
     logits.resize(size_t(B * sd->model->config.vocab_size));
     be.step(Batch{int32_t(B), tok.data(), pos.data(), slot.data(), want.data()}, logits.data());
   }
-  // An MTP verify step: 1 + K random tokens for each of slots [0, B), logits of every row to the host (the
-  // engine samples verify rows there), one undoable run per slot; then every slot keeps its first token
+  // An MTP verify step: 1 + K random tokens for each of slots [0, B), every row sampled (on the device with
+  // --sample-on-device, as the engine does; else its logits to the host), one undoable run per slot; then every slot keeps its first token
   // (rollback_slot), so the slots advance one position as in decode_step.
   void verify_step(int64_t B, int64_t K) {
     ModelBackend& be = *sd->backend;
@@ -263,12 +283,33 @@ struct Bench {
         const size_t r = size_t(i * (1 + K) + j);
         tok[r] = random_token(), slot[r] = int32_t(i), pos[r] = int32_t(be.slot_pos(int32_t(i)) + j);
       }
-    logits.resize(size_t(n * sd->model->config.vocab_size));
     Batch b{int32_t(n), tok.data(), pos.data(), slot.data(), want.data()};
     b.undo = undo.data();
-    be.step(b, logits.data());
+    if (o.sample_on_device) {  // every verify row drawn on the device (the engine's path since issue 26)
+      be.step(b, nullptr);
+      params.resize(size_t(n)), sampled.resize(size_t(n)), sampled_lp.resize(size_t(n));
+      for (int64_t r = 0; r < n; ++r) {
+        SampleParams& p = params[size_t(r)];
+        p.temperature = 1.0f, p.top_p = 0.95f, p.seed = uint64_t(r), p.counter = uint64_t(pos[size_t(r)]);
+      }
+      StepSampling s;
+      s.params = params.data(), s.token = sampled.data(), s.logprob = sampled_lp.data();
+      be.sample_last_step(s);
+    } else {
+      logits.resize(size_t(n * sd->model->config.vocab_size));
+      be.step(b, logits.data());
+    }
     for (int64_t i = 0; i < B; ++i) be.rollback_slot(int32_t(i), be.slot_pos(int32_t(i)) - K);
   }
+  // K drafts (greedy) for each of slots [0, B) from a random next token.
+  void draft(int64_t B, int64_t K) {
+    tok.resize(size_t(B)), slot.resize(size_t(B)), drafts.resize(size_t(B * K));
+    for (int64_t i = 0; i < B; ++i) tok[size_t(i)] = random_token(), slot[size_t(i)] = int32_t(i);
+    DraftRequest r;
+    r.n = int32_t(B), r.slot = slot.data(), r.token = tok.data(), r.k = int32_t(K), r.out = drafts.data();
+    sd->backend->draft(r);
+  }
+  std::vector<int32_t> drafts;
   std::vector<uint8_t> undo;
   std::vector<SampleParams> params;
   std::vector<int32_t> sampled;
@@ -363,6 +404,8 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
         (long long)(max_c + decode_margin), double(state_decode) / kGiB, (long long)decode_rows,
         double(act_decode) / kGiB, (long long)prefill_rows, double(act_prefill) / kGiB, double(margin) / kGiB,
         o.layers > 0 ? " (--layers given)" : "");
+    // With --mtp, the MTP block takes a layer's weights (and its window) of what fit.
+    if (!o.mtp.empty() && o.layers <= 0 && fit > 1) --fit;
     CM_CU_CHECK(fit >= 1, "bench model: not even one layer fits: %s", arith.c_str());
     if (o.layers > 0 && fit < o.layers) progress("V4-Flash has only " + std::to_string(fit) + " layers");
     out["layers_arithmetic"] = arith;
@@ -371,7 +414,7 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
     if (shape.ratios.size() > size_t(fit)) shape.ratios.resize(size_t(fit));
   }
   const double tb = seconds_since(bn.t0);
-  auto sd = make_synthetic_device(shape, o.seed, !o.fast_prefill);
+  auto sd = make_synthetic_device(shape, o.seed, !o.fast_prefill, !o.mtp.empty());
   bn.sd = sd.get();
   const Config& c = sd->model->config;
   ModelBackend& be = *sd->backend;
@@ -409,11 +452,13 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
   if (!o.mtp.empty())
     out["notes"]["mtp"] =
         "B slots at `context` as for decode; a step of 1 + K random tokens per slot with logits on every row "
-        "(copied to the host, where the engine samples verify rows) and an undo log, then a rollback of every "
+        "(sampled as decode samples: on the device with sample_on_device, else copied to the host) and an undo log, then a rollback of every "
         "slot to its first token; step_ms / gpu_ms as for decode (the rollback's copy kernel included in "
         "step_ms). ms_per_token at acceptance a: step_ms / (1 + a + ... + a^K), the tokens a round yields when "
-        "each draft is accepted with probability a after its predecessor; the K drafts' own cost (K passes of "
-        "the MTP block) is not included";
+        "each draft is accepted with probability a after its predecessor, without the drafts' cost; draft_ms: "
+        "draft() of K greedy tokens per slot (K passes of a synthetic MTP block of the last layer's shape, "
+        "sliding-window, score-routed, FP8 e_proj/h_proj; one graph, one download); round_ms_per_token: "
+        "(step_ms + draft_ms) / (1 + a + ... + a^K)";
   out["prefill"] = nlohmann::json::array();
   out["decode"] = nlohmann::json::array();
   out["mtp"] = nlohmann::json::array();
@@ -550,10 +595,28 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
             per_token[strf("%.1f", a)] = w / yield;
             line += strf(" a=%.1f: %.3f ms/token", a, w / yield);
           }
+          // The drafts of such a round: K passes of the MTP block over B rows (one graph, one download).
+          std::vector<double> dwall;
+          for (int r = 0; r < o.warmup + o.repeats; ++r) {
+            const auto t = Clock::now();
+            bn.draft(B, K);
+            if (r >= o.warmup) dwall.push_back(seconds_since(t) * 1e3);
+          }
+          const double dw = median(dwall);
+          nlohmann::json round_per_token;
+          std::string rline;
+          for (double a : {0.5, 0.7, 0.9}) {
+            double yield = 0, p = 1;
+            for (int64_t j = 0; j <= K; ++j) yield += p, p *= a;
+            round_per_token[strf("%.1f", a)] = (w + dw) / yield;
+            rline += strf(" a=%.1f: %.3f", a, (w + dw) / yield);
+          }
           out["mtp"].push_back({{"context", ctx}, {"batch", B}, {"k", K}, {"rows", B * (1 + K)}, {"step_ms", w},
-                                {"gpu_ms", g}, {"ms_per_token", per_token}});
-          progress(strf("mtp verify K=%lld B=%lld ctx=%lld: step %.3f ms (GPU %.3f ms);%s", (long long)K, (long long)B,
-                        (long long)ctx, w, g, line.c_str()));
+                                {"gpu_ms", g}, {"ms_per_token", per_token}, {"draft_ms", dw},
+                                {"round_ms_per_token", round_per_token}});
+          progress(strf("mtp verify K=%lld B=%lld ctx=%lld: step %.3f ms (GPU %.3f ms);%s; drafts %.3f ms; verify + "
+                        "drafts per token:%s ms",
+                        (long long)K, (long long)B, (long long)ctx, w, g, line.c_str(), dw, rline.c_str()));
           bn.save();
         }
       // The top ops of one decode step at the smallest and the largest batch (first context only).

@@ -76,8 +76,9 @@ struct SyntheticDevice {
 
 // Builds shape (all shape.layers layers) on the device. Throws naming the
 // memory it needs when the device has too little.
+// mtp: with an MTP block (a sliding-window, score-routed layer of the same shape, FP8 e_proj/h_proj).
 std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& shape, uint64_t seed,
-                                                       bool batch_invariant = true);
+                                                       bool batch_invariant = true, bool mtp = false);
 
 // Runs the benchmark; returns (and writes to json_file) the results. Progress
 // goes to stderr. Throws cm::Error when no CUDA device is usable.

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "model/config.h"
+#include "ops/sample.h"
 
 namespace cm {
 
@@ -79,6 +80,28 @@ StateLayout make_state_layout(const Config& c, int64_t slots, int64_t max_ctx, s
   }
   l.bytes = std::max<size_t>(l.bytes, 4);
   return l;
+}
+
+void check_draft(const DraftRequest& r, const CacheShape& shape, int64_t V, const int64_t* slot_pos) {
+  const int64_t n = r.n, k = r.k;
+  if (shape.max_slots < 1) fail("draft: the backend has no reserved slots (call reserve first)");
+  if (k < 1 || k > kMaxDraft) fail("draft: {} drafts per slot outside [1, {}]", k, kMaxDraft);
+  if (n < 1 || n > std::min<int64_t>(shape.max_slots, shape.max_step_tokens))
+    fail("draft: {} slots outside [1, {}] (the reserved slots and step tokens)", n,
+         std::min<int64_t>(shape.max_slots, shape.max_step_tokens));
+  if (!r.slot || !r.token || !r.out) fail("draft: slot, token and out are required");
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t s = r.slot[i];
+    if (s < 0 || s >= shape.max_slots) fail("draft: slot {} outside [0, {})", s, shape.max_slots);
+    for (int64_t j = 0; j < i; ++j)
+      if (r.slot[j] == s) fail("draft: slot {} appears twice", s);
+    if (slot_pos[s] < 1) fail("draft: slot {} holds no token to draft from", s);
+    if (slot_pos[s] - 1 + k > shape.max_ctx)
+      fail("draft: slot {}: {} drafts from position {} pass the reserved context of {}", s, k, slot_pos[s],
+           shape.max_ctx);
+    if (r.token[i] < 0 || r.token[i] >= V) fail("draft: slot {}: token {} outside [0, {})", s, r.token[i], V);
+    if (r.params) check_sample_params(r.params[i]);
+  }
 }
 
 void check_batch(const Batch& b, const CacheShape& shape, int64_t vocab, const int64_t* slot_pos) {

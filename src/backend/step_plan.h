@@ -107,4 +107,9 @@ StateLayout make_state_layout(const Config& c, int64_t slots, int64_t max_ctx, s
 // (slot_pos[s]: the tokens slot s holds). Throws naming the row, the slot and the limit.
 void check_batch(const Batch& b, const CacheShape& shape, int64_t vocab, const int64_t* slot_pos);
 
+// draft()'s checks, the same in every backend (after its own: a block to draft with): k in [1, kMaxDraft],
+// distinct reserved slots that hold a token, drafts inside the context, tokens in the vocabulary,
+// sampling parameters in range. Throws naming the slot and the limit.
+void check_draft(const DraftRequest& r, const CacheShape& shape, int64_t vocab, const int64_t* slot_pos);
+
 }  // namespace cm

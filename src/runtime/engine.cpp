@@ -50,13 +50,9 @@ Engine::Engine(ModelBackend& backend, const Tokenizer* tok, int64_t vocab, Engin
   CM_CHECK(opt_.ctx >= 2, "--ctx must be >= 2 (got {})", opt_.ctx);
   CM_CHECK(opt_.mtp_draft >= 0 && opt_.mtp_draft <= kMaxDraft, "--mtp {} outside [0, {}] (drafts per step)",
            opt_.mtp_draft, kMaxDraft);
-  if (opt_.mtp_draft > 0 && !be_.has_mtp()) {
-    if (be_.device() == Device::CUDA)
-      fail("--mtp {}: the CUDA backend does not run the MTP block yet (use --device cpu, or leave --mtp out)",
-           opt_.mtp_draft);
+  if (opt_.mtp_draft > 0 && !be_.has_mtp())
     fail("--mtp {}: the backend runs no MTP block (the model was loaded without it, or runs over several ranks)",
          opt_.mtp_draft);
-  }
   const CacheShape& have = be_.shape();
   if (have.max_slots != opt_.max_seqs || have.max_step_tokens != opt_.max_step_tokens || have.max_ctx != opt_.ctx)
     be_.reserve(CacheShape{opt_.max_seqs, opt_.max_step_tokens, opt_.ctx});
@@ -319,8 +315,8 @@ bool Engine::step_once() {
   std::vector<std::pair<Seq*, std::string>> failed;
   // Sampling on the backend: every logits row a token to draw for a job without a grammar (logprobs,
   // with at most kMaxSampleTopN alternatives, come back with the tokens).
-  bool on_device = opt_.sample_on_device && be_.samples_on_device() && !row_seq.empty() && !speculating &&
-                   int64_t(row_seq.size()) <= be_.shape().max_slots;
+  bool on_device = opt_.sample_on_device && be_.samples_on_device() && !row_seq.empty() &&
+                   int64_t(row_seq.size()) <= be_.max_sample_rows();
   std::vector<Seq*> dev_seqs;
   for (const auto& [s, pos] : row_seq)
     on_device = on_device && pos < 0 && !s->constraint && s->job->spec.logprobs <= kMaxSampleTopN;
@@ -426,6 +422,8 @@ bool Engine::on_logits(Seq& s, const float* row) {
   return on_token(s, id, row);
 }
 
+// seqs: each row's sequence; a speculating sequence's 1 + k rows come together (row j after its drafts
+// 0..j-1: the draw counter, the penalties' counts and min_tokens' bans as if they were accepted).
 bool Engine::build_device_sampling(const std::vector<Seq*>& seqs) {
   const size_t R = seqs.size();
   d_params_.resize(R), d_token_.assign(R, -1), d_logprob_.assign(R, 0.0f), d_offsets_.assign(R + 1, 0);
@@ -436,14 +434,16 @@ bool Engine::build_device_sampling(const std::vector<Seq*>& seqs) {
   d_adj_.clear();
   d_mask_.clear();  // filled (all allowed) only when some row bans ids
   const int64_t mask_words = (vocab_ + 31) / 32;
+  int64_t j = 0;  // the row's index within its sequence's rows
   for (size_t r = 0; r < R; ++r) {
     Seq& s = *seqs[r];
-    d_params_[r] = s.sampler.params(int64_t(s.hist.size()));
+    j = r > 0 && seqs[r - 1] == &s ? j + 1 : 0;
+    d_params_[r] = s.sampler.params(int64_t(s.hist.size()) + j);
     // The sampler's bias and penalty ids; the stop rule's banned ids (the host path sets their logits
     // to -inf) as cleared bits of the row's allowed-token mask.
-    const std::vector<SampleAdjust>& a = s.sampler.adjustments(vocab_);
+    const std::vector<SampleAdjust>& a = s.sampler.adjustments(vocab_, s.drafts.data(), j);
     d_adj_.insert(d_adj_.end(), a.begin(), a.end());
-    const std::vector<int32_t>& banned = s.rule.banned();
+    const std::vector<int32_t>& banned = s.rule.banned_after(j);
     if (!banned.empty() && d_mask_.empty()) d_mask_.assign(R * size_t(mask_words), ~0u);
     for (int32_t id : banned)
       if (id >= 0 && id < vocab_) d_mask_[r * size_t(mask_words) + size_t(id / 32)] &= ~(1u << (id % 32));
@@ -472,19 +472,27 @@ bool Engine::sample_rows_on_device(const std::vector<Seq*>& seqs) {
     }
     return false;
   }
-  // Drawing may finish sequences (erasing them from running_): each row's sequence is distinct.
-  for (size_t r = 0; r < R; ++r) {
-    const int k = seqs[r]->job->spec.logprobs;
-    TokenOut lp;
-    if (k >= 0) {
-      lp.logprob = d_logprob_[r];
-      for (int j = 0; j < k; ++j) {
-        const size_t at = r * size_t(d_top_n_) + size_t(j);
-        if (d_top_id_[at] >= 0) lp.top.push_back({d_top_id_[at], d_top_lp_[at]});
+  // Drawing may finish sequences (erasing them from running_): a sequence's rows are taken together.
+  std::vector<TokenOut> lps;
+  for (size_t r = 0; r < R;) {
+    Seq& s = *seqs[r];
+    const size_t rows = 1 + s.drafts.size();
+    const int k = s.job->spec.logprobs;
+    lps.assign(rows, TokenOut{});
+    for (size_t i = 0; i < rows && k >= 0; ++i) {
+      lps[i].logprob = d_logprob_[r + i];
+      for (int t = 0; t < k; ++t) {
+        const size_t at = (r + i) * size_t(d_top_n_) + size_t(t);
+        if (d_top_id_[at] >= 0) lps[i].top.push_back({d_top_id_[at], d_top_lp_[at]});
       }
     }
-    ++spec_.emitted;
-    on_token(*seqs[r], d_token_[r], nullptr, k >= 0 ? &lp : nullptr);
+    if (rows > 1) {
+      verify(s, nullptr, d_token_.data() + r, k >= 0 ? lps.data() : nullptr);
+    } else {
+      ++spec_.emitted;
+      on_token(s, d_token_[r], nullptr, k >= 0 ? lps.data() : nullptr);
+    }
+    r += rows;
   }
   return true;
 }

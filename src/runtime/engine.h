@@ -197,14 +197,15 @@ class Engine {
   bool on_logits(Seq& s, const float* row);
   // MTP: the drafts of this step's speculating sequences (Seq::drafts); jobs whose drafts fail end.
   void make_drafts();
-  // MTP: samples a speculating sequence's k + 1 rows, accepts the drafts that match, rolls its slot back.
-  void verify(Seq& s, const float* rows);
+  // MTP: samples a speculating sequence's k + 1 rows (their logits; or, null, the tokens and logprobs the
+  // backend drew for them), accepts the drafts that match, rolls its slot back.
+  void verify(Seq& s, const float* rows, const int32_t* tokens = nullptr, const TokenOut* lps = nullptr);
   // The job's next token id is drawn (row: its logits, or null when they stayed on the device).
   // row: the raw logits the token came from (its logprobs are computed from them), or null; lp: the
   // token's logprobs when the backend computed them (device sampling), or null.
   // Returns false when the token ended the job (the Seq is gone).
   bool on_token(Seq& s, int32_t id, const float* row, const TokenOut* lp = nullptr);
-  // The step's sampling arrays for the backend (one row per sequence, in order); false when they
+  // The step's sampling arrays for the backend (a row per logits row, in order); false when they
   // exceed what a backend takes (ModelBackend::kMaxSampleAdjust): the step then returns its logits.
   bool build_device_sampling(const std::vector<Seq*>& seqs);
   // Draws the step's rows on the backend; false (nothing drawn) when it failed, having ended the jobs.

@@ -64,7 +64,7 @@ void Engine::make_drafts() {
   for (auto& [s, what] : failed) finish(*s, "error", false, what);
 }
 
-void Engine::verify(Seq& s, const float* rows) {
+void Engine::verify(Seq& s, const float* rows, const int32_t* tokens, const TokenOut* lps) {
   const std::vector<int32_t> d = std::move(s.drafts);
   s.drafts.clear();
   const int64_t k = int64_t(d.size());
@@ -76,7 +76,9 @@ void Engine::verify(Seq& s, const float* rows) {
   for (int64_t j = 0; j <= k; ++j) {
     // Drawn as a plain decode step would: the job's sampler at counter hist.size(), penalties and
     // banned ids over every token so far (the drafts accepted before this row included).
-    if (!on_logits(s, rows + j * vocab_)) {  // the job ended (s is gone)
+    const bool more = rows ? on_logits(s, rows + j * vocab_)
+                           : (++spec_.emitted, on_token(s, tokens[j], nullptr, lps ? lps + j : nullptr));
+    if (!more) {  // the job ended (s is gone)
       alive = false;
       break;
     }

@@ -36,7 +36,7 @@ SampleParams RowSampler::params(int64_t pos) const {
 }
 
 // Distinct ids in ascending order: the bias (summed per id) and the counts of seen ids.
-const std::vector<SampleAdjust>& RowSampler::adjustments(int64_t vocab) {
+const std::vector<SampleAdjust>& RowSampler::adjustments(int64_t vocab, const int32_t* extra, int64_t n_extra) {
   std::map<int32_t, SampleAdjust> by_id;
   for (const auto& [id, bias] : p_.logit_bias)
     if (id >= 0 && id < vocab) {
@@ -50,6 +50,14 @@ const std::vector<SampleAdjust>& RowSampler::adjustments(int64_t vocab) {
       SampleAdjust& a = by_id[id];
       a.id = id;
       a.count = n;
+    }
+  if (penalties_)
+    for (int64_t i = 0; i < n_extra; ++i) {
+      const int32_t id = extra[i];
+      CM_CHECK(id >= 0 && id < vocab, "sampling: draft token {} is outside the vocabulary of {}", id, vocab);
+      SampleAdjust& a = by_id[id];
+      a.id = id;
+      ++a.count;
     }
   adj_.clear();
   for (const auto& [id, a] : by_id) adj_.push_back(a);

@@ -24,7 +24,10 @@ class RowSampler {
   void add(int32_t id);
   // The ops/sample.h form of the parameters and adjustments (for a device step: sample_last_step).
   SampleParams params(int64_t pos) const;
-  const std::vector<SampleAdjust>& adjustments(int64_t vocab);
+  const std::vector<SampleAdjust>& adjustments(int64_t vocab) { return adjustments(vocab, nullptr, 0); }
+  // The adjustments as if the `n_extra` tokens `extra` had joined the sequence too (an MTP verify row
+  // after drafts), leaving the counts as they are.
+  const std::vector<SampleAdjust>& adjustments(int64_t vocab, const int32_t* extra, int64_t n_extra);
 
  private:
   SamplingParams p_;

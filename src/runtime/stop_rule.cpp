@@ -22,9 +22,9 @@ StopRule::StopRule(StopParams p, const Tokenizer* tok, int64_t prompt_tokens)
   }
 }
 
-const std::vector<int32_t>& StopRule::banned() const {
+const std::vector<int32_t>& StopRule::banned_after(int64_t more) const {
   static const std::vector<int32_t> none;
-  return generated_ < p_.min_tokens ? banned_ : none;
+  return generated_ + more < p_.min_tokens ? banned_ : none;
 }
 
 bool StopRule::is_end_id(int32_t id) const {

@@ -50,7 +50,9 @@ class StopRule {
   // generated tokens start, for the context end.
   StopRule(StopParams p, const Tokenizer* tok, int64_t prompt_tokens);
   // Ids the sampler must not pick now (EOS and stop ids while fewer than min_tokens are generated).
-  const std::vector<int32_t>& banned() const;
+  const std::vector<int32_t>& banned() const { return banned_after(0); }
+  // What banned() will return once `more` further tokens are accepted (an MTP verify row after drafts).
+  const std::vector<int32_t>& banned_after(int64_t more) const;
   StopVerdict on_token(int32_t id);
   // The text still held (an incomplete UTF-8 character, a possible stop-string start) once the
   // generation ends for a reason other than a stop string or a cancel; empty after a stop string.

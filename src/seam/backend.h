@@ -178,12 +178,14 @@ class ModelBackend {
   // non-finite; a row whose mask allows nothing throws) and writes tokens and logprobs. The tokens are
   // sample_rows_cpu's over the same logits, so a caller may sample either way and draw the same bits.
   virtual bool samples_on_device() const { return false; }
-  // At most shape().max_slots rows; adjustments at most kMaxSampleAdjust per step.
+  // At most max_sample_rows() rows; adjustments at most kMaxSampleAdjust per step.
   virtual void sample_last_step(const StepSampling& s) {
     (void)s;
     throw std::logic_error("sample_last_step: this backend does not sample on its device (samples_on_device())");
   }
   static constexpr int64_t kMaxSampleAdjust = int64_t(1) << 19;
+  // The logits rows sample_last_step takes: one per slot, and with an MTP block the verify rows too.
+  virtual int64_t max_sample_rows() const { return shape().max_slots; }
 };
 
 }  // namespace cm

@@ -145,9 +145,12 @@ void CpuBackend::reserve(const CacheShape& shape) {
     sized(t.iscratch, inh * kIndexerChunk), sized(t.irows, kIndexerChunk);
   }
   plan_.reserve(shape);
-  last_logits_.assign(size_t(shape.max_slots) * size_t(c.vocab_size), 0.0f);
+  // One sampled row per slot; with an MTP block, a verify run's 1 + kMaxDraft rows per slot.
+  sample_rows_ = has_mtp() ? std::min<int64_t>(shape.max_step_tokens, int64_t(shape.max_slots) * (1 + kMaxDraft))
+                           : shape.max_slots;
+  last_logits_.assign(size_t(sample_rows_) * size_t(c.vocab_size), 0.0f);
   last_rows_ = -1;
-  sample_status_.assign(size_t(shape.max_slots), 0);
+  sample_status_.assign(size_t(sample_rows_), 0);
   sample_adj_.reserve(size_t(std::min<int64_t>(ModelBackend::kMaxSampleAdjust, int64_t(1) << 16)));
   const int64_t max_k = std::max({D, c.q_lora_rank, H * hd / c.o_groups, c.o_groups * c.o_lora_rank, I});
   linear_cpu_reserve(max_k, max_recv);
@@ -259,10 +262,10 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
   CpuActivations& a = act_;
 
   plan_.build(b);  // the batch as runs of one slot each
-  if (!logits_out && plan_.n_logits > shape_.max_slots) {
+  if (!logits_out && plan_.n_logits > sample_rows_) {
     batch_ = nullptr;
-    fail("step: {} rows with logits to keep for sample_last_step, more than the {} slots reserved", plan_.n_logits,
-         shape_.max_slots);
+    fail("step: {} rows with logits to keep for sample_last_step, more than the {} reserved (max_sample_rows)",
+         plan_.n_logits, sample_rows_);
   }
   try {
     undo_.check(plan_);
@@ -316,14 +319,14 @@ void CpuBackend::step(const Batch& b, float* logits_out) {
            first_bad_.empty() ? std::string("the LM head") : first_bad_);
   }
   // sample_last_step may still draw from the rows returned (copied then: the sampler adjusts in place).
-  last_rows_ = R <= shape_.max_slots ? R : -1;
+  last_rows_ = R <= sample_rows_ ? R : -1;
   last_out_ = logits_out;
   batch_ = nullptr;
 }
 
 void CpuBackend::sample_last_step(const StepSampling& s) {
   CM_CHECK(last_rows_ >= 0, "sample_last_step: no step with at most {} logits rows to sample (one draw per step)",
-           shape_.max_slots);
+           sample_rows_);
   const int64_t R = last_rows_, V = m_.config.vocab_size;
   if (last_out_) std::memcpy(last_logits_.data(), last_out_, size_t(R * V) * sizeof(float));
   CM_CHECK(s.params && s.token && s.logprob && (!s.adj || s.adj_offsets),

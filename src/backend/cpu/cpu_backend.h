@@ -132,6 +132,7 @@ class CpuBackend final : public ModelBackend {
   // The CPU backend samples "where the logits are" too (its own memory, the same sampler): step()
   // with logits_out = nullptr keeps the logits rows for sample_last_step().
   bool samples_on_device() const override { return true; }
+  int64_t max_sample_rows() const override { return sample_rows_; }
   void sample_last_step(const StepSampling& s) override;
 
   // Named intermediates: the observer (if any) sees each slot's rows as
@@ -171,11 +172,12 @@ class CpuBackend final : public ModelBackend {
   const Batch* batch_ = nullptr;
   int threads_ = 1;
   std::string first_bad_;  // first non-finite intermediate of the current step
-  std::vector<float> last_logits_;        // [max_slots, vocab]: a step's logits kept for sample_last_step
+  int64_t sample_rows_ = 0;               // max_sample_rows()
+  std::vector<float> last_logits_;        // [sample_rows_, vocab]: a step's logits kept for sample_last_step
   int64_t last_rows_ = -1;                // logits rows of the last step (-1: none to sample)
   const float* last_out_ = nullptr;       // where the last step returned them (null: kept in last_logits_)
   std::vector<SampleAdjust> sample_adj_;  // sample_last_step's copy of the adjustments (the sampler writes them)
-  std::vector<int32_t> sample_status_;    // [max_slots]
+  std::vector<int32_t> sample_status_;    // [sample_rows_]
   UndoBook undo_;                         // rollback_slot's book of rows written by undoable steps
   std::vector<uint8_t> undo_log_;         // [max_slots, undo_.log_bytes_per_slot()] those rows' previous bytes
   std::vector<UndoCopy> undo_copies_;     // scratch: one step's or one rollback's copies

@@ -89,22 +89,7 @@ void CpuBackend::draft(const DraftRequest& r) {
   const int64_t Lm = c.num_layers, n = r.n, k = r.k;
   if (!has_mtp()) fail("draft: the model was loaded without its MTP block (load it with the MTP weights)");
   if (opt_.ep_comm && opt_.ep_comm->size() > 1) fail("draft: MTP with expert parallelism is not supported yet");
-  if (k < 1 || k > kMaxDraft) fail("draft: {} drafts per slot outside [1, {}]", k, kMaxDraft);
-  if (n < 1 || n > std::min<int64_t>(shape_.max_slots, shape_.max_step_tokens))
-    fail("draft: {} slots outside [1, {}] (the reserved slots and step tokens)", n,
-         std::min<int64_t>(shape_.max_slots, shape_.max_step_tokens));
-  if (!r.slot || !r.token || !r.out) fail("draft: slot, token and out are required");
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t s = r.slot[i];
-    check_slot(s, "draft");
-    for (int64_t j = 0; j < i; ++j)
-      if (r.slot[j] == s) fail("draft: slot {} appears twice", s);
-    if (pos_[size_t(s)] < 1) fail("draft: slot {} holds no token to draft from", s);
-    if (pos_[size_t(s)] - 1 + k > shape_.max_ctx)
-      fail("draft: slot {}: {} drafts from position {} pass the reserved context of {}", s, k, pos_[size_t(s)],
-           shape_.max_ctx);
-    if (r.token[i] < 0 || r.token[i] >= V) fail("draft: slot {}: token {} outside [0, {})", s, r.token[i], V);
-  }
+  check_draft(r, shape_, V, pos_.data());
   CpuActivations& a = act_;
   last_rows_ = -1;  // the logits a draft makes are its own
   // The window rows the k passes write, kept to put back.

@@ -15,11 +15,11 @@ namespace cm {
 // order and math of model/attention.cpp.
 void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   const Config& c = m_.config;
-  const cuda::DevLayer& lw = dm_->layers[size_t(L)];
+  const cuda::DevLayer& lw = dev_layer(L);
   LayerState& ls = layers_[size_t(L)];
   Context& ctx = *ctx_;
   Act& a = act_;
-  const AttnKind kind = c.attn_kinds[size_t(L)];
+  const AttnKind kind = attn_kind(L);
   const RopeView& rope = kind == AttnKind::SLIDING ? dm_->rope_main : dm_->rope_compress;
   const int64_t H = c.num_heads, hd = c.head_dim, W = c.sliding_window, G = c.o_groups, ol = c.o_lora_rank;
   const int64_t ql = c.q_lora_rank, inh = c.index_n_heads, ihd = c.index_head_dim, topk = c.index_topk;
@@ -52,7 +52,7 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   note("kv", L, kv, true, hd, {hd});
 
   // Compressed entries per slot (and, for CSA, the indexer's keys and choice).
-  const int64_t m = c.ratio(L);
+  const int64_t m = L < c.num_layers ? c.ratio(L) : 0;
   if (lw.comp) {
     float *ckv = P<float>(a.ckv), *cgate = P<float>(a.cgate);
     linear2(lw.comp->wkv, normed, normed_bf, n, ckv);

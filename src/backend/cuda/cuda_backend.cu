@@ -58,10 +58,12 @@ CudaBackend::~CudaBackend() {
   clear_graphs();
   if (plan_host_) cudaFreeHost(plan_host_);
   if (sample_host_) cudaFreeHost(sample_host_);
+  if (draft_host_) cudaFreeHost(draft_host_);
+  if (undo_host_) cudaFreeHost(undo_host_);
 }
 
 size_t CudaBackend::bytes_per_slot(const CacheShape& shape) const {
-  return make_state_layout(m_.config, 1, shape.max_ctx, 2).bytes_per_slot;
+  return make_state_layout(m_.config, 1, shape.max_ctx, 2, has_mtp()).bytes_per_slot;
 }
 
 void CudaBackend::check_slot(int32_t slot, const char* what) const {
@@ -83,17 +85,24 @@ void CudaBackend::reset_slot(int32_t slot) {
 void CudaBackend::undo_copy(bool to_log) {
   const int64_t n = int64_t(undo_copies_.size());
   if (n == 0) return;
-  undo_host_.resize(size_t(3 * n));
-  for (int64_t i = 0; i < n; ++i) {
-    const UndoCopy& u = undo_copies_[size_t(i)];
-    undo_host_[size_t(3 * i)] = int64_t(to_log ? u.log_off : u.state_off);
-    undo_host_[size_t(3 * i + 1)] = int64_t(to_log ? u.state_off : u.log_off);
-    undo_host_[size_t(3 * i + 2)] = int64_t(u.bytes);
-  }
   CM_CU_CHECK(size_t(3 * n) * sizeof(int64_t) <= undo_spans_.size(), "undo: %lld copies exceed the reserved table",
               (long long)n);
-  // (pageable source: the copy is staged before cudaMemcpyAsync returns, so undo_host_ may change after)
-  CM_CUDA(cudaMemcpyAsync(undo_spans_.get(), undo_host_.data(), size_t(3 * n) * sizeof(int64_t),
+  const size_t half = undo_host_entries_ / 2;
+  if (!to_log && rollback_used_ + size_t(3 * n) > half) {  // the rollbacks' staging is full: let it drain
+    CM_CUDA(cudaStreamSynchronize(ctx_->stream()));
+    rollback_used_ = 0;
+  }
+  // A step's table: its half is free (the last step synchronised); a rollback's: after the ones before it.
+  int64_t* host = to_log ? undo_host_ : undo_host_ + half + rollback_used_;
+  if (!to_log) rollback_used_ += size_t(3 * n);
+  for (int64_t i = 0; i < n; ++i) {
+    const UndoCopy& u = undo_copies_[size_t(i)];
+    host[3 * i] = int64_t(to_log ? u.log_off : u.state_off);
+    host[3 * i + 1] = int64_t(to_log ? u.state_off : u.log_off);
+    host[3 * i + 2] = int64_t(u.bytes);
+  }
+  // (the device table is one: each copy_spans reads it before the next upload, in stream order)
+  CM_CUDA(cudaMemcpyAsync(undo_spans_.get(), host, size_t(3 * n) * sizeof(int64_t),
                           cudaMemcpyHostToDevice, ctx_->stream()));
   char* state = static_cast<char*>(state_.get());
   char* log = static_cast<char*>(undo_log_.get());
@@ -158,16 +167,19 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   plan_.build(b);
   const int64_t R = plan_.n_logits, max_pos = plan_.max_pos;
   undo_.check(plan_);  // throws (cm::Error) before anything changes
+  rollback_used_ = 0;  // the last step synchronised: the rollbacks staged since have been read
   undo_.book_step(plan_, undo_copies_);
   std::copy(b.token, b.token + n, plan_host_);
   std::copy(b.pos, b.pos + n, plan_host_ + N);
   std::copy(b.slot, b.slot + n, plan_host_ + 2 * N);
   std::copy(plan_.logit_rows.begin(), plan_.logit_rows.begin() + R, plan_host_ + 3 * N);
+  const int64_t n_mtp = has_mtp() ? mtp_plan(b) : 0;
   n_ = n;
   if (timer_) timer_->begin(ctx.stream());
   {
     cuda::OpScope op(ctx, "plan upload");
-    CM_CUDA(cudaMemcpyAsync(act_.plan.get(), plan_host_, size_t(4 * N) * 4, cudaMemcpyHostToDevice, ctx.stream()));
+    CM_CUDA(cudaMemcpyAsync(act_.plan.get(), plan_host_, size_t((has_mtp() ? 9 : 4) * N) * 4, cudaMemcpyHostToDevice,
+                            ctx.stream()));
   }
   if (!undo_copies_.empty()) {  // an undoable step: the rows it writes, to the log first (outside any graph)
     cuda::OpScope op(ctx, "undo log");
@@ -181,7 +193,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   // events — its SPAN mode times the whole step from outside the graph).
   const bool per_op = timer_ && timer_->mode() == cuda::OpTimer::Mode::OPS;
   const bool graph = opt_.cuda_graphs && !obs_.active() && !per_op && n <= kGraphMaxRows;
-  if (!graph || !run_graph(n, R)) forward(n, R, max_pos);
+  if (!graph || !run_graph(n, R, n_mtp)) forward(n, R, max_pos, n_mtp);
   for (const Segment& s : plan_) pos_[size_t(s.slot)] = s.pos0 + s.n;
 
   // The logits rows to the host (the step's only synchronisation), then the non-finite check.
@@ -207,7 +219,7 @@ void CudaBackend::step(const Batch& b, float* logits_out) {
   }
 }
 
-void CudaBackend::forward(int64_t n, int64_t R, int64_t max_pos) {
+void CudaBackend::forward(int64_t n, int64_t R, int64_t max_pos, int64_t n_mtp) {
   const Config& c = m_.config;
   const cuda::DevModel& w = *dm_;
   Context& ctx = *ctx_;
@@ -220,56 +232,14 @@ void CudaBackend::forward(int64_t n, int64_t R, int64_t max_pos) {
   }
   note("embed", -1, X, false, hc * D, {hc, D});
   flush_counts();  // (layer 0's MoE half rewrites X)
-
-  // Per half layer two mHC kernels: the previous half's hc_post fused with this half's hc_pre partial
-  // sums (over the streams it writes, out of place: x → x_alt → x), and hc_pre's finishing kernel fused
-  // with the RMSNorm, which also writes the normed rows' bf16 copy for the FP8/NVFP4 linears. The bits
-  // are those of hc_post, hc_pre, rms_norm and the casts run apart (ops/hc.h), and every noted buffer
-  // holds what it held: X (= act_.x) after each layer, normed after each norm. The two halves read and
-  // write their own normed and out, so a layer's intermediates are counted in one launch at its end.
-  float *X1 = P<float>(act_.x_alt), *normed = P<float>(act_.normed), *out = P<float>(act_.out);
-  float *normed_ffn = P<float>(act_.normed_ffn), *out_ffn = P<float>(act_.out_ffn);
-  float *post = P<float>(act_.post), *comb = P<float>(act_.comb), *part = P<float>(act_.hc_part);
-  uint16_t* normed_bf = P<uint16_t>(act_.normed_bf);
-  auto norm_out = [&](const cuda::DevF32& w, float* y) { return HcNormOut{w.p(), c.rms_norm_eps, y, normed_bf}; };
-  for (int64_t L = 0; L < c.num_layers; ++L) {
-    const cuda::DevLayer& lw = w.layers[size_t(L)];
-    const HcParams attn_hc = hc_params(c, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale);
-    const HcParams ffn_hc = hc_params(c, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale);
-    // Layer 0's partial sums here; every later layer's came with the previous layer's last hc_post.
-    {
-      cuda::OpScope op(ctx, "hc_pre+rms_norm");
-      hc_pre_norm_cuda(ctx, attn_hc, X, n, nullptr, post, comb, part, norm_out(lw.attn_norm, normed), L > 0);
-    }
-    note("attn_in", L, normed, false, D, {D});
-    attention(L, n, max_pos);
-    note("attn_out", L, out, false, D, {D});
-    {
-      cuda::OpScope op(ctx, "hc_post+hc_pre partials");
-      hc_post_mix_cuda(ctx, hc, D, out, post, comb, n, X, X1, &ffn_hc, part);
-    }
-    {
-      cuda::OpScope op(ctx, "hc_pre+rms_norm");
-      hc_pre_norm_cuda(ctx, ffn_hc, X1, n, nullptr, post, comb, part, norm_out(lw.ffn_norm, normed_ffn), true);
-    }
-    note("moe_in", L, normed_ffn, false, D, {D});
-    moe(L, n);
-    note("moe_out", L, out_ffn, false, D, {D});
-    {
-      // The next layer's hc_pre partial sums with this hc_post (the last layer has none).
-      const bool last = L + 1 == c.num_layers;
-      cuda::OpScope op(ctx, last ? "hc_post" : "hc_post+hc_pre partials");
-      const cuda::DevLayer& next = w.layers[size_t(last ? L : L + 1)];
-      const HcParams next_hc = hc_params(c, next.hc_attn_fn, next.hc_attn_base, next.hc_attn_scale);
-      hc_post_mix_cuda(ctx, hc, D, out_ffn, post, comb, n, X1, X, last ? nullptr : &next_hc, last ? nullptr : part);
-    }
-    note("resid", L, X, false, hc * D, {hc, D});
-    flush_counts();
-  }
+  for (int64_t L = 0; L < c.num_layers; ++L)
+    layer_forward(L, n, max_pos, L > 0, L + 1 < c.num_layers ? &w.layers[size_t(L + 1)] : nullptr);
   flush_counts();  // (each layer flushed its own; this covers a model without layers)
 
   // Final hyper-head and norm (one finishing kernel; the bf16 copy for a quantized head) and the LM
   // head over the rows whose logits are wanted.
+  float *part = P<float>(act_.hc_part), *X1 = P<float>(act_.x_alt);
+  uint16_t* normed_bf = P<uint16_t>(act_.normed_bf);
   if (R > 0) {
     float *head_in = X1, *y = P<float>(act_.final_y), *logits = P<float>(act_.logits);
     HcHeadParams hp{w.hc_head_fn.p(), w.hc_head_base.p(), w.hc_head_scale.p(), hc, D, c.hc_eps, c.rms_norm_eps};
@@ -280,35 +250,96 @@ void CudaBackend::forward(int64_t n, int64_t R, int64_t max_pos) {
     }
     linear2(w.head, y, normed_bf, R, logits);
   }
+  // The MTP block's rows last: it reads the last layer's streams and reuses the step's scratch.
+  if (has_mtp()) mtp_catch_up(n, n_mtp);
+}
+
+void CudaBackend::layer_forward(int64_t L, int64_t n, int64_t max_pos, bool partials_ready,
+                                const cuda::DevLayer* next) {
+  const Config& c = m_.config;
+  Context& ctx = *ctx_;
+  const int64_t D = c.hidden_size, hc = c.hc_mult;
+  // Per half layer two mHC kernels: the previous half's hc_post fused with this half's hc_pre partial
+  // sums (over the streams it writes, out of place: x → x_alt → x), and hc_pre's finishing kernel fused
+  // with the RMSNorm, which also writes the normed rows' bf16 copy for the FP8/NVFP4 linears. The bits
+  // are those of hc_post, hc_pre, rms_norm and the casts run apart (ops/hc.h), and every noted buffer
+  // holds what it held: X (= act_.x) after each layer, normed after each norm. The two halves read and
+  // write their own normed and out, so a layer's intermediates are counted in one launch at its end.
+  float *X = P<float>(act_.x), *X1 = P<float>(act_.x_alt), *normed = P<float>(act_.normed), *out = P<float>(act_.out);
+  float *normed_ffn = P<float>(act_.normed_ffn), *out_ffn = P<float>(act_.out_ffn);
+  float *post = P<float>(act_.post), *comb = P<float>(act_.comb), *part = P<float>(act_.hc_part);
+  uint16_t* normed_bf = P<uint16_t>(act_.normed_bf);
+  auto norm_out = [&](const cuda::DevF32& w, float* y) { return HcNormOut{w.p(), c.rms_norm_eps, y, normed_bf}; };
+  const cuda::DevLayer& lw = dev_layer(L);
+  const HcParams attn_hc = hc_params(c, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale);
+  const HcParams ffn_hc = hc_params(c, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale);
+  {
+    cuda::OpScope op(ctx, "hc_pre+rms_norm");
+    hc_pre_norm_cuda(ctx, attn_hc, X, n, nullptr, post, comb, part, norm_out(lw.attn_norm, normed), partials_ready);
+  }
+  note("attn_in", L, normed, false, D, {D});
+  attention(L, n, max_pos);
+  note("attn_out", L, out, false, D, {D});
+  {
+    cuda::OpScope op(ctx, "hc_post+hc_pre partials");
+    hc_post_mix_cuda(ctx, hc, D, out, post, comb, n, X, X1, &ffn_hc, part);
+  }
+  {
+    cuda::OpScope op(ctx, "hc_pre+rms_norm");
+    hc_pre_norm_cuda(ctx, ffn_hc, X1, n, nullptr, post, comb, part, norm_out(lw.ffn_norm, normed_ffn), true);
+  }
+  note("moe_in", L, normed_ffn, false, D, {D});
+  moe(L, n);
+  note("moe_out", L, out_ffn, false, D, {D});
+  {
+    // The next layer's hc_pre partial sums with this hc_post (the last layer has none).
+    cuda::OpScope op(ctx, next ? "hc_post+hc_pre partials" : "hc_post");
+    if (next) {
+      const HcParams next_hc = hc_params(c, next->hc_attn_fn, next->hc_attn_base, next->hc_attn_scale);
+      hc_post_mix_cuda(ctx, hc, D, out_ffn, post, comb, n, X1, X, &next_hc, part);
+    } else {
+      hc_post_mix_cuda(ctx, hc, D, out_ffn, post, comb, n, X1, X, nullptr, nullptr);
+    }
+  }
+  note("resid", L, X, false, hc * D, {hc, D});
+  flush_counts();
 }
 
 void CudaBackend::clear_graphs() {
   for (auto& [key, g] : graphs_)
     if (g.exec) cudaGraphExecDestroy(g.exec);
   graphs_.clear();
+  for (auto& [key, g] : draft_graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  draft_graphs_.clear();
 }
 
-bool CudaBackend::run_graph(int64_t n, int64_t R) {
+cudaGraphExec_t capture_graph(cudaStream_t st, const std::function<void()>& body) {
+  CM_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t g = nullptr;
+  try {
+    body();
+  } catch (...) {
+    cudaStreamEndCapture(st, &g);  // leaves the stream usable; the error is the one thrown
+    if (g) cudaGraphDestroy(g);
+    throw;
+  }
+  CM_CUDA(cudaStreamEndCapture(st, &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  CM_CUDA(e);
+  return exec;
+}
+
+bool CudaBackend::run_graph(int64_t n, int64_t R, int64_t n_mtp) {
   cudaStream_t st = ctx_->stream();
   const int64_t all_pos = shape_.max_ctx - 1;  // the indexer's grid covers every entry the slots can hold
-  auto it = graphs_.find({n, R});
+  auto it = graphs_.find({n, R, n_mtp});
   if (it == graphs_.end()) {
     if (graphs_.size() >= kMaxGraphs) return false;  // an unusual mix of step shapes
-    CM_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    cudaGraph_t g = nullptr;
-    try {
-      forward(n, R, all_pos);
-    } catch (...) {
-      cudaStreamEndCapture(st, &g);  // leaves the stream usable; the error is the one thrown
-      if (g) cudaGraphDestroy(g);
-      throw;
-    }
-    CM_CUDA(cudaStreamEndCapture(st, &g));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    CM_CUDA(e);
-    it = graphs_.emplace(std::make_pair(n, R), StepGraph{exec, notes_}).first;
+    cudaGraphExec_t exec = capture_graph(st, [&] { forward(n, R, all_pos, n_mtp); });
+    it = graphs_.emplace(std::make_tuple(n, R, n_mtp), StepGraph{exec, notes_}).first;
   } else {
     notes_ = it->second.notes;  // what the replayed kernels count, for first_non_finite
   }

@@ -5,7 +5,9 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <utility>
@@ -59,6 +61,9 @@ class CudaBackend final : public ModelBackend {
   std::vector<uint8_t> slot_state(int32_t slot) const override;
   bool samples_on_device() const override { return m_.config.vocab_size <= sample_rows_cuda_max_vocab(); }
   void sample_last_step(const StepSampling& s) override;
+  int64_t max_sample_rows() const override { return sample_.rows; }
+  bool has_mtp() const override { return dm_->mtp != nullptr; }
+  void draft(const DraftRequest& r) override;  // cuda_mtp_block.cu
   size_t host_copies() const { return obs_.host_copies(); }
 
  private:
@@ -79,7 +84,20 @@ class CudaBackend final : public ModelBackend {
     DeviceBuffer final_y, logits, cast, counts;
     DeviceBuffer attn_ws;  // f32 partials of split (decode) attention; see attention_sink_cuda
     DeviceBuffer sample;   // sample_last_step's arrays (SampleStage), mirrored by the pinned sample_host_
+    // With an MTP block (cuda_mtp_block.cu): the block's input streams (last-layer rows gathered, or the
+    // previous pass's output) f32 [N, hc, D], the embedding rows and e_proj's f32 [N, D], the bf16 copy
+    // of the normed rows for a quantized e_proj/h_proj [N·hc, D], and draft()'s arrays (DraftStage).
+    DeviceBuffer mtp_x, mtp_emb, mtp_e, mtp_bf, draft;
   };
+  // Where draft()'s arrays sit in act_.draft and in draft_host_ (byte offsets), for S slots.
+  struct DraftStage {
+    size_t params = 0, tok = 0, pos = 0, slot = 0, src = 0, status = 0, lp = 0, pass = 0, out = 0, out_status = 0,
+           spans = 0, save = 0, bytes = 0;
+  };
+  static DraftStage draft_stage(int64_t slots, int64_t hd);
+  // draft() on the device for n rows and k passes, after the window rows are saved: gather the hidden
+  // rows, k passes, put the rows back (graph-capturable).
+  void draft_body(int64_t n, int64_t k, int64_t n_spans);
   // Where sample_last_step's arrays sit in act_.sample and sample_host_ (byte offsets), for
   // max_slots rows and V-bit masks.
   struct SampleStage {
@@ -90,6 +108,16 @@ class CudaBackend final : public ModelBackend {
   static SampleStage sample_stage(int64_t rows, int64_t vocab);
 
   void check_slot(int32_t slot, const char* what) const;
+  // Layer L (the MTP block's when L = num_layers): its weights and attention kind.
+  const cuda::DevLayer& dev_layer(int64_t L) const {
+    return L < m_.config.num_layers ? dm_->layers[size_t(L)] : dm_->mtp->block;
+  }
+  AttnKind attn_kind(int64_t L) const {
+    return L < m_.config.num_layers ? m_.config.attn_kinds[size_t(L)] : AttnKind::SLIDING;
+  }
+  // One layer over act_.x (x_alt its scratch): partials_ready when the previous hc_post computed this
+  // layer's hc_pre partial sums; next: the layer whose partial sums the last hc_post computes (or null).
+  void layer_forward(int64_t L, int64_t n, int64_t max_pos, bool partials_ready, const cuda::DevLayer* next);
   void attention(int64_t L, int64_t n, int64_t max_pos);
   void moe(int64_t L, int64_t n);
   void expert(const cuda::DevExpert& e, const float* x, const uint16_t* x_bf, int64_t n, float* y);
@@ -119,10 +147,21 @@ class CudaBackend final : public ModelBackend {
   // Every kernel of a step from the embedding to the LM head (no host synchronisation): run eagerly,
   // or captured into a graph by run_graph. max_pos bounds the indexer's grid (kernels also bound
   // each row by its own position, so a larger value changes no result).
-  void forward(int64_t n, int64_t R, int64_t max_pos);
-  // Replays (capturing on first use) the graph of a step with n rows and R logits rows; false when
-  // kMaxGraphs other shapes are kept already (the caller runs the step eagerly).
-  bool run_graph(int64_t n, int64_t R);
+  // n_mtp: the MTP block's catch-up rows (mtp_plan).
+  void forward(int64_t n, int64_t R, int64_t max_pos, int64_t n_mtp);
+  // Replays (capturing on first use) the graph of a step with n rows, R logits rows and n_mtp MTP rows;
+  // false when kMaxGraphs other shapes are kept already (the caller runs the step eagerly).
+  bool run_graph(int64_t n, int64_t R, int64_t n_mtp);
+  // The MTP block (cuda_mtp_block.cu). mtp_plan: the step's catch-up rows into the plan's MTP part (the
+  // CPU backend's mtp_catch_up rows), returns their count; mtp_catch_up: the hidden ring and the block's
+  // window rows of a step (inside forward); mtp_input: the block's input streams x_in [n, hc, D];
+  // draft_pass: one pass of draft() over its n rows (graph-capturable).
+  int64_t mtp_plan(const Batch& b);
+  void mtp_catch_up(int64_t n, int64_t n_mtp);
+  void mtp_input(int64_t n, const int32_t* tok, const float* streams, float* x_in);
+  void draft_pass(int64_t n);
+  // draft_body as a graph captured once per (n, k); false: run it eagerly.
+  bool run_draft_graph(int64_t n, int64_t k);
   void clear_graphs();
 
   const Model& m_;
@@ -150,7 +189,10 @@ class CudaBackend final : public ModelBackend {
     cudaGraphExec_t exec = nullptr;
     std::vector<NoteTag> notes;
   };
-  std::map<std::pair<int64_t, int64_t>, StepGraph> graphs_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, StepGraph> graphs_;
+  std::map<std::pair<int64_t, int64_t>, StepGraph> draft_graphs_;  // draft_body by (rows, passes)
+  DraftStage draft_;
+  char* draft_host_ = nullptr;  // pinned [draft_.bytes]: draft()'s uploads and downloads, laid out as act_.draft
   cuda::DeviceObserver obs_;  // the observer's path; every device-to-host copy
   cuda::OpTimer* timer_ = nullptr;
   int64_t n_ = 0;  // rows of the current step
@@ -159,10 +201,20 @@ class CudaBackend final : public ModelBackend {
   UndoBook undo_;
   DeviceBuffer undo_log_, undo_spans_;
   std::vector<UndoCopy> undo_copies_;
-  std::vector<int64_t> undo_host_;
+  // Pinned staging of the span tables (a pageable upload would wait for the stream): the first half for a
+  // step's table, the second for rollbacks' (rollback_used_ entries taken since the last step).
+  int64_t* undo_host_ = nullptr;
+  size_t undo_host_entries_ = 0, rollback_used_ = 0;
   void undo_copy(bool to_log);  // undo_copies_ on the stream: state → log (to_log) or back
   const int32_t *d_token_ = nullptr, *d_pos_ = nullptr, *d_slot_ = nullptr, *d_rows_ = nullptr;
+  // The plan's MTP part [5N] (mtp_plan): the catch-up rows' token, position, slot, source (a batch row,
+  // or −1 − a hidden-ring row) and each batch row's hidden-ring row (−1: none).
+  const int32_t *d_mtok_ = nullptr, *d_mpos_ = nullptr, *d_mslot_ = nullptr, *d_msrc_ = nullptr, *d_rdst_ = nullptr;
 };
+
+// What body launches on the stream, captured and instantiated (cuda_backend.cu); when body throws, the
+// capture ends (the stream stays usable) and the error is rethrown.
+cudaGraphExec_t capture_graph(cudaStream_t st, const std::function<void()>& body);
 
 template <typename T>
 inline T* P(const DeviceBuffer& b) {

@@ -30,7 +30,7 @@ void CudaBackend::expert(const cuda::DevExpert& e, const float* x, const uint16_
 // The MoE block of layer L (normed → out): router, routed experts, shared expert (model/moe.cpp).
 void CudaBackend::moe(int64_t L, int64_t n) {
   const Config& c = m_.config;
-  const cuda::DevLayer& lw = dm_->layers[size_t(L)];
+  const cuda::DevLayer& lw = dev_layer(L);
   Context& ctx = *ctx_;
   Act& a = act_;
   const int64_t D = c.hidden_size, E = c.n_routed_experts, K = c.n_experts_per_tok;

@@ -26,12 +26,17 @@ void CudaBackend::reserve(const CacheShape& shape) {
   plan_host_ = nullptr;
   if (sample_host_) CM_CUDA(cudaFreeHost(sample_host_));
   sample_host_ = nullptr;
+  if (draft_host_) CM_CUDA(cudaFreeHost(draft_host_));
+  draft_host_ = nullptr;
+  if (undo_host_) CM_CUDA(cudaFreeHost(undo_host_));
+  undo_host_ = nullptr;
   last_logit_rows_ = 0;
 
   const int64_t N = shape.max_step_tokens, S = shape.max_slots, D = c.hidden_size, hc = c.hc_mult;
   const int64_t H = c.num_heads, hd = c.head_dim, E = c.n_routed_experts, K = c.n_experts_per_tok;
   const int64_t I = c.moe_inter, ih = c.index_head_dim, inh = c.index_n_heads, G = c.o_groups, ol = c.o_lora_rank;
-  const StateLayout layout = make_state_layout(c, S, shape.max_ctx, 2);
+  const bool mtp = has_mtp();
+  const StateLayout layout = make_state_layout(c, S, shape.max_ctx, 2, mtp);
   UndoBook undo;  // rollback_slot's log: a few rows per slot and layer
   undo.reserve(layout);
   const size_t undo_log_bytes = size_t(S) * undo.log_bytes_per_slot();
@@ -39,8 +44,11 @@ void CudaBackend::reserve(const CacheShape& shape) {
   int64_t max_ie = 1;
   for (const LayerStateLayout& ll : layout.layers)
     if (ll.index.present()) max_ie = std::max(max_ie, ll.index.max_entries);
-  const bool dense_moe = std::any_of(dm_->layers.begin(), dm_->layers.end(),
-                                     [](const cuda::DevLayer& l) { return !l.experts; });
+  std::vector<const cuda::DevLayer*> all_layers;  // the model's, then the MTP block's
+  for (const cuda::DevLayer& l : dm_->layers) all_layers.push_back(&l);
+  if (mtp) all_layers.push_back(&dm_->mtp->block);
+  const bool dense_moe = std::any_of(all_layers.begin(), all_layers.end(),
+                                     [](const cuda::DevLayer* l) { return !l->experts; });
   // Split attention partials for up to 64 tokens of the longest layer's candidates (window + top-k, or
   // window + every HCA entry at max_ctx), at most 256 MiB; a step that needs more takes the in-CTA path.
   int64_t max_cand = 0;
@@ -53,7 +61,7 @@ void CudaBackend::reserve(const CacheShape& shape) {
   }
   const int64_t attn_ws_floats =
       std::min(attention_split_floats(H, hd, max_cand, std::min<int64_t>(N, 64)), int64_t(64) << 20);
-  max_notes_ = size_t(2 + 16 * c.num_layers);
+  max_notes_ = size_t(2 + 16 * (c.num_layers + (mtp ? 1 : 0)));
   const int64_t max_k = std::max({D, c.q_lora_rank, H * hd, G * ol, I});
   // Every activation buffer: name, bytes.
   struct Want {
@@ -61,9 +69,11 @@ void CudaBackend::reserve(const CacheShape& shape) {
     int64_t bytes;
   };
   Act& a = act_;
-  const SampleStage stage = sample_stage(S, c.vocab_size);
+  // One sampled row per slot; with an MTP block, a verify run's 1 + kMaxDraft rows per slot.
+  const SampleStage stage = sample_stage(mtp ? std::min<int64_t>(N, S * (1 + kMaxDraft)) : S, c.vocab_size);
+  const DraftStage dstage = draft_stage(S, hd);
   const std::vector<Want> wants = {
-      {&a.plan, 4 * N * 4},           {&a.x, N * hc * D * 4},        {&a.x_alt, N * hc * D * 4},
+      {&a.plan, (mtp ? 9 : 4) * N * 4},           {&a.x, N * hc * D * 4},        {&a.x_alt, N * hc * D * 4},
       {&a.normed, N * D * 4},         {&a.normed_bf, N * D * 2},     {&a.qr_bf, N * c.q_lora_rank * 2},
       {&a.out, N * D * 4},            {&a.post, N * hc * 4},         {&a.normed_ffn, N * D * 4},
       {&a.out_ffn, N * D * 4},
@@ -81,13 +91,15 @@ void CudaBackend::reserve(const CacheShape& shape) {
       {&a.logits, N * c.vocab_size * 4}, {&a.cast, N * max_k * 2},   {&a.counts, int64_t(max_notes_) * N * 4},
       {&a.hc_part, int64_t(hc_mix_scratch_floats(hc, D, N)) * 4},
       {&a.attn_ws, attn_ws_floats * 4},     {&a.sample, int64_t(stage.bytes)},
+      {&a.mtp_x, mtp ? N * hc * D * 4 : 0}, {&a.mtp_emb, mtp ? N * D * 4 : 0}, {&a.mtp_e, mtp ? N * D * 4 : 0},
+      {&a.mtp_bf, mtp ? N * hc * D * 2 : 0}, {&a.draft, mtp ? int64_t(dstage.bytes) : 0},
   };
   size_t act_bytes = 0;
   for (const Want& w : wants) act_bytes += size_t(w.bytes);
   const size_t state_bytes = layout.bytes + undo_log_bytes + undo_span_bytes;
   const cuda::DevLayer* packed = nullptr;
-  for (const cuda::DevLayer& l : dm_->layers)
-    if (l.experts) packed = &l;
+  for (const cuda::DevLayer* l : all_layers)
+    if (l->experts) packed = l;
   // MoeScratch: per (token, k) h and yk rows and the lists; per token the permuted x of the wgmma prefill.
   const size_t moe_bytes = packed ? size_t(N * K) * size_t(2 * I + 4 * D + 8) + size_t(N) * size_t(2 * D) + size_t(E) * 64
                                   : 0;
@@ -110,13 +122,18 @@ void CudaBackend::reserve(const CacheShape& shape) {
   undo_ = std::move(undo);
   a.counts.zero();
   obs_.reserve();
-  CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&plan_host_), size_t(4 * N) * 4));
+  CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&plan_host_), size_t((mtp ? 9 : 4) * N) * 4));
   CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&sample_host_), stage.bytes));
   sample_ = stage;
+  draft_ = dstage;
+  if (mtp) CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&draft_host_), dstage.bytes));
+  undo_host_entries_ = 2 * std::max<size_t>(undo_span_bytes / sizeof(int64_t), 3);
+  CM_CUDA(cudaMallocHost(reinterpret_cast<void**>(&undo_host_), undo_host_entries_ * sizeof(int64_t)));
+  rollback_used_ = 0;
 
   // Per-layer state views into the shared layout (slot-major tensors).
   layout_ = layout;
-  layers_.assign(size_t(c.num_layers), LayerState{});
+  layers_.assign(size_t(c.num_layers + (mtp ? 1 : 0)), LayerState{});
   void* base = state_.get();
   auto comp = [&](CompressorStateView& v, const CompressorLayout& cl) {
     v.ratio = cl.ratio, v.c = cl.c, v.dc = cl.dc, v.max_slots = S, v.max_entries = cl.max_entries;
@@ -124,7 +141,7 @@ void CudaBackend::reserve(const CacheShape& shape) {
     v.pend_gate = layout_.at<float>(base, cl.pend_gate, 0);
     v.entries = layout_.at<uint16_t>(base, cl.entries, 0);
   };
-  for (int64_t L = 0; L < c.num_layers; ++L) {
+  for (int64_t L = 0; L < int64_t(layers_.size()); ++L) {
     const LayerStateLayout& ll = layout_.layers[size_t(L)];
     LayerState& ls = layers_[size_t(L)];
     ls.window = layout_.at<uint16_t>(base, ll.window, 0);
@@ -139,6 +156,11 @@ void CudaBackend::reserve(const CacheShape& shape) {
   d_pos_ = d_token_ + N;
   d_slot_ = d_pos_ + N;
   d_rows_ = d_slot_ + N;
+  d_mtok_ = mtp ? d_rows_ + N : nullptr;
+  d_mpos_ = mtp ? d_mtok_ + N : nullptr;
+  d_mslot_ = mtp ? d_mpos_ + N : nullptr;
+  d_msrc_ = mtp ? d_mslot_ + N : nullptr;
+  d_rdst_ = mtp ? d_msrc_ + N : nullptr;
   shape_ = shape;
 }
 

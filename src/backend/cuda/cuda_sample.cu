@@ -11,10 +11,6 @@
 
 namespace cm {
 
-namespace {
-size_t up(size_t x) { return (x + 255) / 256 * 256; }
-}  // namespace
-
 CudaBackend::SampleStage CudaBackend::sample_stage(int64_t rows, int64_t vocab) {
   SampleStage s;
   s.rows = rows;
@@ -22,7 +18,7 @@ CudaBackend::SampleStage CudaBackend::sample_stage(int64_t rows, int64_t vocab) 
   size_t at = 0;
   const auto take = [&](size_t bytes) {
     const size_t here = at;
-    at += up(std::max<size_t>(bytes, 1));
+    at += cuda::round_up_256(std::max<size_t>(bytes, 1));
     return here;
   };
   s.params = take(size_t(rows) * sizeof(SampleParams));
@@ -42,7 +38,7 @@ void CudaBackend::sample_last_step(const StepSampling& in) {
   const int64_t R = last_logit_rows_, V = m_.config.vocab_size;
   const SampleStage& st = sample_;
   CM_CU_CHECK(sample_host_ != nullptr, "sample_last_step: the backend is not reserved");
-  CM_CU_CHECK(R <= st.rows, "sample_last_step: %lld rows with logits, more than the %lld slots reserved",
+  CM_CU_CHECK(R <= st.rows, "sample_last_step: %lld rows with logits, more than the %lld reserved (max_sample_rows)",
               (long long)R, (long long)st.rows);
   CM_CU_CHECK(in.params && in.token && in.logprob && (!in.adj == !in.adj_offsets),
               "sample_last_step: params, token and logprob are required (adj with its offsets)");

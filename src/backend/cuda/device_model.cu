@@ -65,7 +65,15 @@ size_t fast_prefill_panel_bytes(const DevModel& m) {
 size_t model_device_bytes(const Model& m) {
   const Weights& w = m.weights;
   size_t b = w.embed.stored_bytes() + w.head.stored_bytes() + f32_bytes(w.norm) + f32_bytes(w.hc_head_fn);
-  for (const LayerWeights& lw : w.layers) {
+  std::vector<const LayerWeights*> layers;
+  for (const LayerWeights& lw : w.layers) layers.push_back(&lw);
+  for (const MtpWeights& mw : w.mtp) {
+    layers.push_back(&mw.block);
+    b += mw.e_proj.stored_bytes() + mw.h_proj.stored_bytes() + f32_bytes(mw.enorm) + f32_bytes(mw.hnorm) +
+         f32_bytes(mw.norm) + f32_bytes(mw.hc_head_fn);
+  }
+  for (const LayerWeights* lp : layers) {
+    const LayerWeights& lw = *lp;
     b += hc_bytes(lw.hc_attn) + hc_bytes(lw.hc_ffn) + f32_bytes(lw.attn_norm) + f32_bytes(lw.ffn_norm);
     b += lw.wq_a.stored_bytes() + lw.wq_b.stored_bytes() + lw.wkv.stored_bytes() + lw.wo_a.stored_bytes() +
          lw.wo_b.stored_bytes();
@@ -141,8 +149,10 @@ void upload_globals(const Model& m, DevModel& dm) {
 
 void upload_layer(const Config& c, const LayerWeights& lw, DevModel& d, int64_t L) {
   if (d.layers.size() < size_t(c.num_layers)) d.layers.resize(size_t(c.num_layers));
-  DevLayer& dl = d.layers[size_t(L)];
-  DevBytes& g = d.bytes;
+  upload_layer_into(c, lw, d.layers[size_t(L)], d.bytes);
+}
+
+void upload_layer_into(const Config& c, const LayerWeights& lw, DevLayer& dl, DevBytes& g) {
   dl.hc_attn_fn = view_f32(lw.hc_attn.fn, g.small);
   dl.hc_attn_base = view_f32(lw.hc_attn.base, g.small);
   dl.hc_attn_scale = view_f32(lw.hc_attn.scale, g.small);
@@ -217,6 +227,7 @@ void finish_report(DevModel& d) {
       mib(g.embed).c_str(), mib(g.attn).c_str(), mib(g.comp).c_str(), mib(g.experts).c_str(),
       d.layers.empty() || !d.layers[0].experts ? "per-expert linears" : "packed FP4 MoE", mib(g.shared).c_str(),
       mib(g.router).c_str(), mib(g.small).c_str(), mib(d.total_bytes).c_str());
+  if (d.mtp) d.report += strf(" (the MTP block %s of it)", mib(g.mtp).c_str());
 }
 
 std::unique_ptr<DevModel> upload_model(const Model& m, size_t workspace_bytes, double utilization) {
@@ -228,8 +239,28 @@ std::unique_ptr<DevModel> upload_model(const Model& m, size_t workspace_bytes, d
   upload_globals(m, *d);
   d->layers.resize(size_t(c.num_layers));
   for (int64_t L = 0; L < c.num_layers; ++L) upload_layer(c, m.weights.layers[size_t(L)], *d, L);
+  if (!m.weights.mtp.empty()) d->mtp = upload_mtp(c, m.weights.mtp[0], d->bytes);  // the one the backends run
   finish_report(*d);
   return d;
+}
+
+std::unique_ptr<DevMtp> upload_mtp(const Config& c, const MtpWeights& mw, DevBytes& g) {
+  {
+    auto t = std::make_unique<DevMtp>();
+    const size_t before = g.total();
+    upload_layer_into(c, mw.block, t->block, g);
+    t->e_proj = upload_linear(mw.e_proj);
+    t->h_proj = upload_linear(mw.h_proj);
+    g.small += t->e_proj.bytes() + t->h_proj.bytes();
+    t->enorm = view_f32(mw.enorm, g.small);
+    t->hnorm = view_f32(mw.hnorm, g.small);
+    t->norm = view_f32(mw.norm, g.small);
+    t->hc_head_fn = view_f32(mw.hc_head_fn, g.small);
+    t->hc_head_base = view_f32(mw.hc_head_base, g.small);
+    t->hc_head_scale = view_f32(mw.hc_head_scale, g.small);
+    g.mtp = g.total() - before;  // (counted in its groups too; the report names the block's share)
+    return t;
+  }
 }
 
 }  // namespace cm::cuda

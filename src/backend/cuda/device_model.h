@@ -52,7 +52,16 @@ struct DevLayer {
 // Device bytes per module group (the weight report; the synthetic bench's memory table).
 struct DevBytes {
   size_t embed = 0, attn = 0, comp = 0, experts = 0, shared = 0, router = 0, small = 0;
+  size_t mtp = 0;  // the MTP block's share of the groups above (not added again by total())
   size_t total() const;
+};
+
+// The first MTP block (model/weights.h's MtpWeights): its layer and the pieces around it.
+struct DevMtp {
+  DevLinear e_proj, h_proj;                      // [D, D] each
+  DevF32 enorm, hnorm, norm;                     // [D]
+  DevF32 hc_head_fn, hc_head_base, hc_head_scale;  // [hc, hc·D], [hc], [1]
+  DevLayer block;                                // a sliding-window, score-routed layer
 };
 
 struct DevModel {
@@ -63,6 +72,7 @@ struct DevModel {
   DevF32 rope_main_freqs, rope_compress_freqs;
   RopeView rope_main, rope_compress;
   std::vector<DevLayer> layers;
+  std::unique_ptr<DevMtp> mtp;  // loaded with LoadOptions::mtp (else null)
   std::string report;  // bytes per module group, one line each
   size_t total_bytes = 0;
   DevBytes bytes;
@@ -101,6 +111,9 @@ std::unique_ptr<DevModel> upload_model(const Model& m, size_t workspace_bytes, d
 // leaves d.layers[L].experts to the caller); then total_bytes and report.
 void upload_globals(const Model& m, DevModel& d);
 void upload_layer(const Config& c, const LayerWeights& lw, DevModel& d, int64_t L);
+void upload_layer_into(const Config& c, const LayerWeights& lw, DevLayer& dl, DevBytes& g);
+// An MTP block (its routed experts as upload_layer leaves them: none held, none uploaded).
+std::unique_ptr<DevMtp> upload_mtp(const Config& c, const MtpWeights& mw, DevBytes& g);
 void finish_report(DevModel& d);
 
 }  // namespace cm::cuda

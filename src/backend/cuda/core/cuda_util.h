@@ -13,6 +13,9 @@
 
 namespace cm::cuda {
 
+// x rounded up to a multiple of 256 (the start of each array packed into one staging buffer).
+inline size_t round_up_256(size_t x) { return (x + 255) / 256 * 256; }
+
 class OpTimer;  // op_timer.h
 
 // Throws cm::Error naming the failed call and CUDA's message.

@@ -3,6 +3,7 @@
 #include "backend/cuda/step/step_kernels.h"
 #include "backend/cuda/core/cuda_util.h"
 #include "backend/cuda/core/ops_device.cuh"
+#include "ops/sample.h"
 
 namespace cm::cuda {
 
@@ -59,6 +60,42 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t 
   pdl_wait_and_release();
   const int64_t r = blockIdx.x, src = rows[r];
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) y[r * width + c] = x[src * width + c];
+}
+
+__global__ void mtp_gather_rows_kernel(const float* x, const float* ring, const int32_t* src, int64_t width,
+                                       float* y) {
+  pdl_wait_and_release();
+  const int64_t r = blockIdx.x, s = src[r];
+  const float* from = s >= 0 ? x + s * width : ring + (-1 - s) * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) y[r * width + c] = from[c];
+}
+
+__global__ void scatter_rows_kernel(const float* x, const int32_t* dst, int64_t width, float* ring) {
+  pdl_wait_and_release();
+  const int64_t r = blockIdx.x, d = dst[r];
+  if (d < 0) return;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) ring[d * width + c] = x[r * width + c];
+}
+
+__global__ void add_to_streams_kernel(const float* e, int64_t n, int64_t hc, int64_t D, float* x) {
+  pdl_wait_and_release();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * hc * D; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = e[(i / (hc * D)) * D + i % D] + x[i];
+}
+
+__global__ void mtp_advance_kernel(int32_t* tok, const int32_t* status, int64_t n, SampleParams* params,
+                                   int32_t* pos, int32_t* out, int32_t* out_status, int32_t* pass) {
+  pdl_wait_and_release();
+  const int64_t j = *pass;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    out[j * n + i] = tok[i];
+    out_status[j * n + i] = status[i];
+    if (status[i] != 0) tok[i] = 0;  // (a failed row's −1 is no token to embed; draft() reports the row)
+    pos[i] += 1;
+    params[i].counter += 1;
+  }
+  __syncthreads();  // every thread has read *pass
+  if (threadIdx.x == 0) *pass = int32_t(j + 1);
 }
 
 // One span per block: dst + spans[3b] ← src + spans[3b+1], spans[3b+2] bytes (4-byte words when aligned).
@@ -155,6 +192,30 @@ void moe_expert_weights(Context& ctx, const int32_t* ids, const float* w, int64_
 void gather_rows(Context& ctx, const float* x, const int32_t* rows, int64_t R, int64_t width, float* y) {
   if (R <= 0) return;
   launch_kernel(ctx, gather_rows_kernel, dim3(unsigned(R)), dim3(256), 0, "gather_rows_kernel", x, rows, width, y);
+}
+
+void mtp_gather_rows(Context& ctx, const float* x, const float* ring, const int32_t* src, int64_t n, int64_t width,
+                     float* y) {
+  if (n <= 0) return;
+  launch_kernel(ctx, mtp_gather_rows_kernel, dim3(unsigned(n)), dim3(256), 0, "mtp_gather_rows_kernel", x, ring, src,
+                width, y);
+}
+
+void scatter_rows(Context& ctx, const float* x, const int32_t* dst, int64_t n, int64_t width, float* ring) {
+  if (n <= 0) return;
+  launch_kernel(ctx, scatter_rows_kernel, dim3(unsigned(n)), dim3(256), 0, "scatter_rows_kernel", x, dst, width, ring);
+}
+
+void add_to_streams(Context& ctx, const float* e, int64_t n, int64_t hc, int64_t D, float* x) {
+  if (n * hc * D <= 0) return;
+  launch_kernel(ctx, add_to_streams_kernel, dim3(blocks_for(n * hc * D, 256)), dim3(256), 0, "add_to_streams_kernel",
+                e, n, hc, D, x);
+}
+
+void mtp_advance(Context& ctx, int32_t* tok, const int32_t* status, int64_t n, void* params, int32_t* pos,
+                 int32_t* out, int32_t* out_status, int32_t* pass) {
+  launch_kernel(ctx, mtp_advance_kernel, dim3(1), dim3(256), 0, "mtp_advance_kernel", tok, status, n,
+                static_cast<SampleParams*>(params), pos, out, out_status, pass);
 }
 
 void copy_spans(Context& ctx, const int64_t* spans, int64_t n, char* dst, const char* src) {

@@ -34,6 +34,20 @@ void copy_spans(Context& ctx, const int64_t* spans, int64_t n, char* dst, const 
 void gather_scores(Context& ctx, const float* score, int64_t ld, const int32_t* idx, int64_t T, int64_t topk,
                    float* out);
 
+// The MTP block's rows (cuda_mtp_block.cu), rows of `width` floats:
+// y[i] = src[i] >= 0 ? x[src[i]] : ring[−1 − src[i]] for i < n (a step's rows or the hidden ring's).
+void mtp_gather_rows(Context& ctx, const float* x, const float* ring, const int32_t* src, int64_t n, int64_t width,
+                     float* y);
+// ring[dst[i]] = x[i] for i < n with dst[i] >= 0 (the hidden ring keeps a slot's last rows).
+void scatter_rows(Context& ctx, const float* x, const int32_t* dst, int64_t n, int64_t width, float* ring);
+// x[t, k, :] += e[t, :] for t < n, k < hc (e_proj's row added to every stream's h_proj row).
+void add_to_streams(Context& ctx, const float* e, int64_t n, int64_t hc, int64_t D, float* x);
+// After a draft pass (one thread block): out[j·n + i] = tok[i] and out_status[j·n + i] = status[i] for
+// the pass j = *pass (a row that failed goes on with token 0), then pos[i] += 1, the draw counter of params[i] += 1 and *pass += 1.
+// params: SampleParams [n] (ops/sample.h).
+void mtp_advance(Context& ctx, int32_t* tok, const int32_t* status, int64_t n, void* params, int32_t* pos,
+                 int32_t* out, int32_t* out_status, int32_t* pass);
+
 // Up to kMax intermediates whose non-finite values are counted by one launch.
 struct NonFiniteBatch {
   static constexpr int kMax = 16;  // a layer's ~12: one launch per layer
