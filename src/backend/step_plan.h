@@ -107,6 +107,13 @@ StateLayout make_state_layout(const Config& c, int64_t slots, int64_t max_ctx, s
 // (slot_pos[s]: the tokens slot s holds). Throws naming the row, the slot and the limit.
 void check_batch(const Batch& b, const CacheShape& shape, int64_t vocab, const int64_t* slot_pos);
 
+// The logits rows sample_last_step takes (ModelBackend::max_sample_rows): one per slot; with an MTP
+// block, a verify run's 1 + kMaxDraft rows per slot, at most a step's tokens.
+inline int64_t sample_rows_for(const CacheShape& shape, bool mtp) {
+  const int64_t spec = int64_t(shape.max_slots) * (1 + kMaxDraft);
+  return mtp ? (spec < shape.max_step_tokens ? spec : int64_t(shape.max_step_tokens)) : shape.max_slots;
+}
+
 // draft()'s checks, the same in every backend (after its own: a block to draft with): k in [1, kMaxDraft],
 // distinct reserved slots that hold a token, drafts inside the context, tokens in the vocabulary,
 // sampling parameters in range. Throws naming the slot and the limit.

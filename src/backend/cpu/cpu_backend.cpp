@@ -145,9 +145,7 @@ void CpuBackend::reserve(const CacheShape& shape) {
     sized(t.iscratch, inh * kIndexerChunk), sized(t.irows, kIndexerChunk);
   }
   plan_.reserve(shape);
-  // One sampled row per slot; with an MTP block, a verify run's 1 + kMaxDraft rows per slot.
-  sample_rows_ = has_mtp() ? std::min<int64_t>(shape.max_step_tokens, int64_t(shape.max_slots) * (1 + kMaxDraft))
-                           : shape.max_slots;
+  sample_rows_ = sample_rows_for(shape, has_mtp());
   last_logits_.assign(size_t(sample_rows_) * size_t(c.vocab_size), 0.0f);
   last_rows_ = -1;
   sample_status_.assign(size_t(sample_rows_), 0);

@@ -31,26 +31,21 @@ namespace cm {
 
 CudaBackend::DraftStage CudaBackend::draft_stage(int64_t S, int64_t hd) {
   DraftStage s;
-  size_t at = 0;
-  const auto take = [&](size_t bytes) {
-    const size_t here = at;
-    at += cuda::round_up_256(std::max<size_t>(bytes, 1));
-    return here;
-  };
+  cuda::StagePacker pk;
   // Uploaded together: params .. spans; downloaded together: out, out_status.
-  s.params = take(size_t(S) * sizeof(SampleParams));
-  s.tok = take(size_t(S) * 4);
-  s.pos = take(size_t(S) * 4);
-  s.slot = take(size_t(S) * 4);
-  s.src = take(size_t(S) * 4);
-  s.status = take(size_t(S) * 4);
-  s.lp = take(size_t(S) * 4);
-  s.pass = take(4);
-  s.spans = take(size_t(2 * kMaxDraft * S) * 3 * 8);
-  s.out = take(size_t(kMaxDraft * S) * 4);
-  s.out_status = take(size_t(kMaxDraft * S) * 4);
-  s.save = take(size_t(kMaxDraft * S * hd) * 2);
-  s.bytes = at;
+  s.params = pk.take(size_t(S) * sizeof(SampleParams));
+  s.tok = pk.take(size_t(S) * 4);
+  s.pos = pk.take(size_t(S) * 4);
+  s.slot = pk.take(size_t(S) * 4);
+  s.src = pk.take(size_t(S) * 4);
+  s.status = pk.take(size_t(S) * 4);
+  s.lp = pk.take(size_t(S) * 4);
+  s.pass = pk.take(4);
+  s.spans = pk.take(size_t(2 * kMaxDraft * S) * 3 * 8);
+  s.out = pk.take(size_t(kMaxDraft * S) * 4);
+  s.out_status = pk.take(size_t(kMaxDraft * S) * 4);
+  s.save = pk.take(size_t(kMaxDraft * S * hd) * 2);
+  s.bytes = pk.at;
   return s;
 }
 

@@ -69,8 +69,7 @@ void CudaBackend::reserve(const CacheShape& shape) {
     int64_t bytes;
   };
   Act& a = act_;
-  // One sampled row per slot; with an MTP block, a verify run's 1 + kMaxDraft rows per slot.
-  const SampleStage stage = sample_stage(mtp ? std::min<int64_t>(N, S * (1 + kMaxDraft)) : S, c.vocab_size);
+  const SampleStage stage = sample_stage(sample_rows_for(shape, mtp), c.vocab_size);
   const DraftStage dstage = draft_stage(S, hd);
   const std::vector<Want> wants = {
       {&a.plan, (mtp ? 9 : 4) * N * 4},           {&a.x, N * hc * D * 4},        {&a.x_alt, N * hc * D * 4},

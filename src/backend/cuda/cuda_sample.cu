@@ -15,22 +15,17 @@ CudaBackend::SampleStage CudaBackend::sample_stage(int64_t rows, int64_t vocab) 
   SampleStage s;
   s.rows = rows;
   s.mask_words = (vocab + 31) / 32;
-  size_t at = 0;
-  const auto take = [&](size_t bytes) {
-    const size_t here = at;
-    at += cuda::round_up_256(std::max<size_t>(bytes, 1));
-    return here;
-  };
-  s.params = take(size_t(rows) * sizeof(SampleParams));
-  s.offsets = take(size_t(rows + 1) * 8);
-  s.adj = take(size_t(kMaxSampleAdjust) * sizeof(SampleAdjust));
-  s.mask = take(size_t(rows * s.mask_words) * 4);
-  s.token = take(size_t(rows) * 4);
-  s.logprob = take(size_t(rows) * 4);
-  s.status = take(size_t(rows) * 4);
-  s.top_id = take(size_t(rows) * kMaxSampleTopN * 4);  // right after status: one download brings them all
-  s.top_lp = take(size_t(rows) * kMaxSampleTopN * 4);
-  s.bytes = at;
+  cuda::StagePacker pk;
+  s.params = pk.take(size_t(rows) * sizeof(SampleParams));
+  s.offsets = pk.take(size_t(rows + 1) * 8);
+  s.adj = pk.take(size_t(kMaxSampleAdjust) * sizeof(SampleAdjust));
+  s.mask = pk.take(size_t(rows * s.mask_words) * 4);
+  s.token = pk.take(size_t(rows) * 4);
+  s.logprob = pk.take(size_t(rows) * 4);
+  s.status = pk.take(size_t(rows) * 4);
+  s.top_id = pk.take(size_t(rows) * kMaxSampleTopN * 4);  // right after status: one download brings them all
+  s.top_lp = pk.take(size_t(rows) * kMaxSampleTopN * 4);
+  s.bytes = pk.at;
   return s;
 }
 

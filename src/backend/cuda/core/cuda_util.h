@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -13,8 +14,16 @@
 
 namespace cm::cuda {
 
-// x rounded up to a multiple of 256 (the start of each array packed into one staging buffer).
-inline size_t round_up_256(size_t x) { return (x + 255) / 256 * 256; }
+// Arrays packed one after another into one staging buffer, each starting on a 256-byte boundary:
+// take(bytes) returns the next array's offset; at is the buffer's size so far.
+struct StagePacker {
+  size_t at = 0;
+  size_t take(size_t bytes) {
+    const size_t here = at;
+    at += (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+    return here;
+  }
+};
 
 class OpTimer;  // op_timer.h
 
