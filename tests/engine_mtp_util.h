@@ -22,6 +22,7 @@ struct Outcome {
   std::vector<float> lp;
   std::vector<std::vector<TopLogprob>> top;
   std::string reason;
+  int64_t cached = 0;  // the Finish event's cached_tokens (not compared by ==)
   bool operator==(const Outcome& o) const {
     if (ids != o.ids || reason != o.reason || lp.size() != o.lp.size() || top.size() != o.top.size()) return false;
     if (std::memcmp(lp.data(), o.lp.data(), lp.size() * 4) != 0) return false;
@@ -52,6 +53,7 @@ inline std::vector<Outcome> run_jobs(Engine& e, const std::vector<JobSpec>& spec
         }
         if (ev.kind == JobEvent::Finish) {
           out[i].reason = ev.finish_reason + (ev.error.empty() ? "" : ": " + ev.error);
+          out[i].cached = ev.cached_tokens;
           done[i] = true;
         }
       }

@@ -40,6 +40,7 @@ struct Opts {
   cm::LogOptions log;
   int32_t max_seqs = 8, max_step_tokens = 256;
   int64_t ctx = 0;  // 0 = the model's max_position_embeddings, at most 4096
+  bool prefix_caching = true;
 };
 
 // Request defaults from generation_config.json: only the sampling fields the file states
@@ -105,6 +106,7 @@ int run(Opts& o) {
   eo.ctx = o.ctx;
   eo.sample_on_device = o.eng.sample_on_device;
   eo.mtp_draft = o.eng.mtp;
+  eo.prefix_caching = o.prefix_caching;
   eo.eos_ids = cm::runtime::end_of_sequence_ids(c, &tok, cm::load_generation_config(o.eng.model));
 
   // One grammar compiler per server (structured output): the tokenizer's bytes padded to the logits
@@ -154,6 +156,10 @@ cm::cli::CommandRegistrar reg(
        app.add_option("--max-seqs", o->max_seqs, "Sequences decoded together (slots)")->capture_default_str();
        app.add_option("--max-step-tokens", o->max_step_tokens, "Tokens per engine step (decode + prefill chunks)")
            ->capture_default_str();
+       app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->prefix_caching,
+                    "Start prompts from a slot that holds their longest prefix, and keep prefixes that requests "
+                    "share (a system prompt) as snapshots in free slots (default on; the same logits either way)")
+           ->envname("CLAWMINE_PREFIX_CACHING");
        app.add_option("-c,--ctx-size,--ctx", o->ctx, "Context per sequence (default: the model's max_position_embeddings, at most 4096)");
        app.add_option("--threads-http", o->http.http_threads, "HTTP worker threads (each open stream holds one)")
            ->capture_default_str();

@@ -184,15 +184,57 @@ int32_t Engine::choose_slot(const std::vector<int32_t>& prompt, int64_t* reused)
   }
   if (lru < 0) return -1;
   *reused = int64_t(best_len);
-  if (best >= 0 && !slots_[size_t(best)].busy) return best;
   if (best >= 0) {
-    be_.copy_slot(best, lru);
-    slots_[size_t(lru)].held = slots_[size_t(best)].held;
-    return lru;
+    Slot& b = slots_[size_t(best)];
+    // A snapshot stays for the prompts after this one: copied into another free slot while there is one.
+    int32_t to = -1;
+    if (b.busy || b.snapshot)
+      for (int32_t s = 0; s < int32_t(slots_.size()); ++s) {
+        const Slot& sl = slots_[size_t(s)];
+        if (s != best && !sl.busy && (to < 0 || sl.last_used < slots_[size_t(to)].last_used)) to = s;
+      }
+    if (to < 0) {  // a free slot taken as it is (a snapshot: the last free slot)
+      b.snapshot = false;
+      return best;
+    }
+    be_.copy_slot(best, to);
+    slots_[size_t(to)].held = b.held;
+    slots_[size_t(to)].snapshot = false;
+    b.last_used = ++clock_;  // a snapshot in use is the last to go
+    return to;
   }
   be_.reset_slot(lru);
   slots_[size_t(lru)].held.clear();
+  slots_[size_t(lru)].snapshot = false;
   return lru;
+}
+
+int64_t Engine::shared_prefix(const std::vector<int32_t>& prompt) const {
+  int64_t most = 0;
+  for (const Slot& sl : slots_) {
+    const size_t n = std::min(sl.held.size(), prompt.size());
+    most = std::max<int64_t>(most, std::mismatch(sl.held.begin(), sl.held.begin() + n, prompt.begin()).first -
+                                       sl.held.begin());
+  }
+  return most;
+}
+
+void Engine::snapshot(Seq& s) {
+  s.snap_at = 0;
+  int32_t to = -1;
+  for (int32_t t = 0; t < int32_t(slots_.size()); ++t) {
+    const Slot& sl = slots_[size_t(t)];
+    if (t != s.slot && !sl.busy && (to < 0 || sl.last_used < slots_[size_t(to)].last_used)) to = t;
+  }
+  if (to < 0) return;  // no free slot this step: no snapshot
+  const Slot& from = slots_[size_t(s.slot)];
+  CM_CHECK(int64_t(from.held.size()) == s.fed, "engine: snapshot of slot {} at {} tokens, it holds {}", s.slot, s.fed,
+           from.held.size());
+  be_.copy_slot(s.slot, to);
+  Slot& sn = slots_[size_t(to)];
+  sn.held = from.held;
+  sn.snapshot = true;
+  sn.last_used = ++clock_;
 }
 
 // A fork waits while the job it copies is running and has not yet fed all of its prompt but the
@@ -210,14 +252,18 @@ void Engine::admit() {
     const auto& prompt = waiting_.front()->spec.prompt;
     if (waits_for_fork(*waiting_.front())) return;
     int32_t slot;
-    if (waiting_.front()->spec.prompt_logprobs) {
-      // Every prompt row's logits are needed, so nothing is reused: a fresh least recently used slot.
+    const bool no_reuse = waiting_.front()->spec.prompt_logprobs || !opt_.prefix_caching;
+    if (no_reuse) {
+      // Every prompt row's logits are needed (or prefix caching is off), so nothing is reused: a fresh
+      // least recently used slot.
       std::vector<int32_t> none;
       slot = choose_slot(none, &reused);
     } else {
       slot = choose_slot(prompt, &reused);
     }
     if (slot < 0) return;
+    // Where this prompt's shared part with another sequence ends, if that is well past what it reuses.
+    const int64_t shared = no_reuse ? 0 : shared_prefix(prompt);
     auto seq = std::make_unique<Seq>(std::move(waiting_.front()), tok_, opt_);
     waiting_.pop_front();
     --n_waiting_;
@@ -228,6 +274,7 @@ void Engine::admit() {
     seq->hist = seq->job->spec.prompt;
     seq->arrival = seq->job->arrival;
     seq->hold_last = seq->job->spec.forks > 0 && reused < int64_t(prompt.size()) - 1;
+    if (shared >= reused + kMinShared && shared < int64_t(seq->job->spec.prompt.size())) seq->snap_at = shared;
     // A step's logits rows: 1 + drafts per slot, kPromptRows more for prompt_logprobs; never past its tokens.
     const size_t rows = size_t(std::min<int64_t>(int64_t(opt_.max_seqs) * (1 + opt_.mtp_draft) + kPromptRows,
                                                  opt_.max_step_tokens));
@@ -356,7 +403,10 @@ bool Engine::step_once() {
     return std::any_of(failed.begin(), failed.end(), [&](const auto& f) { return f.first == s; });
   };
   for (auto& [s, n] : chunks)
-    if (!is_failed(s)) s->fed += n;
+    if (!is_failed(s)) {
+      s->fed += n;
+      if (s->snap_at > 0 && s->fed == s->snap_at) snapshot(*s);
+    }
   ++spec_.steps;
   if (on_device) {
     sample_rows_on_device(dev_seqs);

@@ -8,6 +8,13 @@
 //   2. queued jobs are admitted in order while a slot is free: the slot is the one that already
 //      holds the longest prefix of the prompt (prefix reuse: a free slot is taken as it is, a busy
 //      slot whose tokens are a prefix is copied with copy_slot), else the least recently used;
+//      shared prefixes: a prompt that shares at least kMinShared tokens more with some slot's tokens
+//      than that prefix reuse gives (two requests with one system prompt and different questions)
+//      pauses its prefill where the shared part ends, and the engine copies its slot there into
+//      the least recently used free slot: a snapshot, which later prompts starting with those tokens
+//      copy (a snapshot is used in place only when it is the last free slot). The state a slot
+//      holds after n tokens is the same however they were chunked (the backends' invariance), so a
+//      request that starts from a snapshot gets the logits it would get from an empty slot;
 //   3. the batch is every decoding sequence's next token, then prefill chunks of admitted prompts
 //      in admission order until max_step_tokens are used;
 //   4. rows with logits are sampled with the job's own RowSampler (its seed, penalties over prompt +
@@ -139,6 +146,10 @@ struct EngineOptions {
   // Speculative decoding with the model's MTP block: drafts per decoding sequence and step, in
   // [0, kMaxDraft] (0: off). The backend must run the block (ModelBackend::has_mtp()).
   int32_t mtp_draft = 0;
+  // Prefix caching (vLLM's --enable-prefix-caching): prompts start from a slot that holds their longest
+  // prefix, and shared prefixes are kept as snapshots (see the header comment). false: every prompt
+  // starts from an empty slot.
+  bool prefix_caching = true;
   // Called by the engine thread after an iteration that found nothing to do (at least every 50 ms
   // while idle): a server over many ranks passes its LeaderBackend's keepalive here.
   std::function<void()> on_idle;
@@ -186,13 +197,20 @@ class Engine {
     bool busy = false;
     std::vector<int32_t> held;  // tokens the slot's state has consumed
     uint64_t last_used = 0;
+    bool snapshot = false;      // a free slot kept as a shared prefix (copied, not taken, while others are free)
   };
+  // Snapshots are made for shared parts of at least this many tokens beyond the reusable prefix.
+  static constexpr int64_t kMinShared = 32;
   void run();
   void take_incoming();
   void drop_cancelled();
   void admit();
   int32_t choose_slot(const std::vector<int32_t>& prompt, int64_t* reused);
   bool waits_for_fork(const Job& j) const;
+  // The most tokens the prompt shares with any slot's tokens (prefix caching's snapshot point).
+  int64_t shared_prefix(const std::vector<int32_t>& prompt) const;
+  // Copies s's slot (holding s.fed prompt tokens) into the least recently used free slot as a snapshot.
+  void snapshot(Seq& s);
   // Returns false when the token ended the job (the Seq is gone).
   bool on_logits(Seq& s, const float* row);
   // MTP: the drafts of this step's speculating sequences (Seq::drafts); jobs whose drafts fail end.

@@ -1,5 +1,6 @@
 // The engine's running sequence (engine.cpp's scheduler and engine_mtp.cpp's speculation share it).
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <vector>
@@ -21,6 +22,7 @@ struct Engine::Seq {
   int32_t pending = -1;            // sampled token still to be fed (decode phase)
   std::vector<int32_t> drafts;     // MTP: this step's drafts after `pending` (empty: a plain decode)
   bool hold_last = false;          // forks wait for this prompt's state: stop one token short once
+  int64_t snap_at = 0;             // prefix caching: the prefill pauses here for a snapshot (0: none)
   std::vector<TokenOut> prompt_lp; // prompt_logprobs: prompt tokens 1.. so far
   RowSampler sampler;
   StopRule rule;
@@ -45,7 +47,8 @@ struct Engine::Seq {
   int64_t prefill_end() {
     const int64_t len = int64_t(job->spec.prompt.size());
     if (hold_last && fed == len - 1) hold_last = false;  // the forks had their admission; go on
-    return hold_last ? len - 1 : len;
+    const int64_t end = hold_last ? len - 1 : len;
+    return snap_at > fed ? std::min(end, snap_at) : end;
   }
 };
 
