@@ -505,6 +505,32 @@ def test_prefix_reuse_counts_hits(srv):
     assert srv.metric("prefix_cache_hits_total") > hits0
 
 
+def test_shared_system_prompt_is_cached(srv):
+    # Requests with one system prompt and different questions: from the third on, the system prompt's
+    # state comes from the snapshot the second left (the first has nothing to share with), and the
+    # answers are those of a server that caches nothing.
+    c = srv.client()
+    system = {"role": "system", "content": "You are a careful assistant who answers questions about the "
+              "rivers, lakes, hills and mountains of the old world in short plain sentences, always."}
+    questions = ["Which river is longest?", "Name a tall mountain.", "What is a lake?", "Where do hills come from?"]
+    cached, answers = [], []
+    for q in questions:
+        r = c.chat.completions.create(model="default", messages=[system, {"role": "user", "content": q}],
+                                      max_tokens=5, temperature=0)
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        answers.append(r.choices[0].message.content)
+    assert cached[2] >= 32 and cached[3] >= 32, cached
+    off = Server("--max-seqs", "4", "--max-step-tokens", "64", "--ctx", "1024", "--no-enable-prefix-caching")
+    try:
+        for q, want in zip(questions, answers):
+            r = off.client().chat.completions.create(model="default", messages=[system, {"role": "user", "content": q}],
+                                                     max_tokens=5, temperature=0)
+            assert r.usage.prompt_tokens_details.cached_tokens == 0
+            assert r.choices[0].message.content == want
+    finally:
+        off.stop()
+
+
 def test_auth():
     s = Server("--api-key", "sekret", "--max-seqs", "2")
     try:
