@@ -113,7 +113,7 @@ SyntheticDevice::SyntheticDevice() = default;
 SyntheticDevice::~SyntheticDevice() = default;
 
 std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& shape, uint64_t seed,
-                                                       bool batch_invariant, bool mtp) {
+                                                       bool batch_invariant, bool mtp, bool concurrent_branches) {
   CM_CU_CHECK(device_count() > 0, "bench model: no CUDA device is present");
   auto sd = std::make_unique<SyntheticDevice>();
   sd->model = synthetic_model_shell(synthetic_config(shape));
@@ -186,6 +186,7 @@ std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& sha
   sd->timer = std::make_unique<OpTimer>(size_t(96 * c.num_layers + 64));
   BackendOptions bo;
   bo.batch_invariant = batch_invariant;
+  bo.concurrent_branches = concurrent_branches;
   sd->backend = make_cuda_backend(*sd->model, std::move(dm), sd->timer.get(), bo);
   return sd;
 }
@@ -414,7 +415,7 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
     if (shape.ratios.size() > size_t(fit)) shape.ratios.resize(size_t(fit));
   }
   const double tb = seconds_since(bn.t0);
-  auto sd = make_synthetic_device(shape, o.seed, !o.fast_prefill, !o.mtp.empty());
+  auto sd = make_synthetic_device(shape, o.seed, !o.fast_prefill, !o.mtp.empty(), o.concurrent_branches);
   bn.sd = sd.get();
   const Config& c = sd->model->config;
   ModelBackend& be = *sd->backend;
@@ -423,6 +424,7 @@ nlohmann::json run_model_bench(const ModelBenchOptions& o) {
   progress(strf("built %lld layers on the device in %.1f s", (long long)NL, seconds_since(bn.t0) - tb));
   out["layers"] = NL;
   out["batch_invariant"] = !o.fast_prefill;
+  out["concurrent_branches"] = o.concurrent_branches;
   out["sample_on_device"] = o.sample_on_device;
   if (o.fast_prefill) progress("--fast-prefill: steps over 256 rows run the quantized linears through cuBLAS");
   out["config"] = synthetic_config_json(shape);

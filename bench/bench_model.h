@@ -52,6 +52,7 @@ struct ModelBenchOptions {
   std::string json_file;          // rewritten after every point, so a killed run leaves what it measured
   uint64_t seed = 1;
   bool fast_prefill = false;      // BackendOptions::batch_invariant = false (--fast-prefill)
+  bool concurrent_branches = true;  // BackendOptions::concurrent_branches (--no-concurrent-branches: one stream)
   // Decode steps keep their logits on the device and sample there (temperature 1, top-p 0.95):
   // step(batch, nullptr) + sample_last_step, R x 12 bytes back instead of R x vocab floats.
   bool sample_on_device = true;
@@ -78,7 +79,8 @@ struct SyntheticDevice {
 // memory it needs when the device has too little.
 // mtp: with an MTP block (a sliding-window, score-routed layer of the same shape, FP8 e_proj/h_proj).
 std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& shape, uint64_t seed,
-                                                       bool batch_invariant = true, bool mtp = false);
+                                                       bool batch_invariant = true, bool mtp = false,
+                                                       bool concurrent_branches = true);
 
 // Runs the benchmark; returns (and writes to json_file) the results. Progress
 // goes to stderr. Throws cm::Error when no CUDA device is usable.

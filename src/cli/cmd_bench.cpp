@@ -31,6 +31,7 @@ struct BenchOptions {
   bool no_pdl = false;
   bool fast_prefill = false;
   bool sample_on_device = true;
+  bool concurrent_branches = true;
   // bench model
   int64_t layers = 0;
   std::vector<int64_t> prefill{2048, 8192};
@@ -170,6 +171,7 @@ int run_bench_model(const BenchOptions& o) {
   mo.json_file = o.json_file;
   mo.fast_prefill = o.fast_prefill;
   mo.sample_on_device = o.sample_on_device;
+  mo.concurrent_branches = o.concurrent_branches;
   mo.mtp = o.mtp;
   nlohmann::json r = cm::cuda::run_model_bench(mo);
   if (o.json) fmt::print("{}\n", r.dump(2));
@@ -258,6 +260,9 @@ cm::cli::CommandRegistrar reg({"bench", "Benchmark the GPU kernels or a syntheti
                                               "model: decode steps sample on the device (temperature 1, top-p 0.95; "
                                               "the default, as the engine's) or, with --no-sample-on-device, copy "
                                               "B x vocab logits to the host and sample there");
+                                 app.add_flag("--concurrent-branches,!--no-concurrent-branches", o->concurrent_branches,
+                                              "model: run a layer's independent branches on a second stream (the "
+                                              "default, as the engine's) or every kernel on one stream");
                                  return [o]() -> int { return run_bench(*o); };
                                }});
 

@@ -38,8 +38,10 @@ struct Opts {
   cm::cli::EngineOptions eng;
   cm::serve::HttpOptions http;
   cm::LogOptions log;
-  int32_t max_seqs = 8, max_step_tokens = 256;
-  int64_t ctx = 0;  // 0 = the model's max_position_embeddings, at most 4096
+  // 0 = chosen (runtime/sizing.h): on the GPU from the memory left after the weights; on the CPU 8 slots,
+  // 256-token steps, the model's context up to 4096.
+  int32_t max_seqs = 0, max_step_tokens = 0;
+  int64_t ctx = 0;
   bool prefix_caching = true;
 };
 
@@ -72,8 +74,10 @@ int run(Opts& o) {
   signal(SIGPIPE, SIG_IGN);  // a client that left must not kill the server
 
   cm::setup_logging(o.log);
-  if (o.max_seqs < 1) cm::fail("--max-seqs must be >= 1 (got {})", o.max_seqs);
-  if (o.max_step_tokens < o.max_seqs)
+  if (o.max_seqs < 0) cm::fail("--max-seqs must be >= 1, or 0 to size it to the device (got {})", o.max_seqs);
+  if (o.max_step_tokens < 0)
+    cm::fail("--max-step-tokens must be >= 1, or 0 to size it to the device (got {})", o.max_step_tokens);
+  if (o.max_step_tokens > 0 && o.max_seqs > 0 && o.max_step_tokens < o.max_seqs)
     cm::fail("--max-step-tokens ({}) must be at least --max-seqs ({})", o.max_step_tokens, o.max_seqs);
   if (o.http.http_threads < 4) cm::fail("--threads-http must be >= 4 (got {})", o.http.http_threads);
   cm::serve::parse_allowed_origins(o.http.allowed_origins);  // a bad list fails before the model loads
@@ -83,14 +87,18 @@ int run(Opts& o) {
 
   auto model = cm::cli::load_model(o.eng);
   const cm::Config& c = model->config;
-  if (o.ctx == 0) o.ctx = std::min<int64_t>(c.max_position_embeddings, 4096);
-  if (o.ctx < 2 || o.ctx > c.max_position_embeddings)
+  if (o.ctx != 0 && (o.ctx < 2 || o.ctx > c.max_position_embeddings))
     cm::fail("--ctx must be in [2, {}] (the model's max_position_embeddings), got {}", c.max_position_embeddings, o.ctx);
   cm::Tokenizer tok = cm::Tokenizer::load(o.eng.model);
   cm::LayerStatsObserver stats(stderr);
-  const cm::CacheShape shape{o.max_seqs, o.max_step_tokens, o.ctx};
-  // The shared flags pick the device (--device auto|cpu|cuda).
-  std::unique_ptr<cm::ModelBackend> backend = cm::cli::make_backend(o.eng, *model, &stats, shape);
+  // The shared flags pick the device (--device auto|cpu|cuda); what is left at 0 is sized to it.
+  cm::runtime::Sizing sized;
+  std::unique_ptr<cm::ModelBackend> backend = cm::cli::make_backend(
+      o.eng, *model, &stats, cm::runtime::SizingRequest{o.max_seqs, o.max_step_tokens, o.ctx, c.max_position_embeddings},
+      &sized);
+  const cm::CacheShape shape = sized.shape;
+  o.max_seqs = shape.max_slots, o.max_step_tokens = shape.max_step_tokens, o.ctx = shape.max_ctx;
+  if (!sized.why.empty()) spdlog::info("clawmine serve: {}", sized.why);
   spdlog::info("clawmine serve: {:.1f} MiB of sequence state per slot, {} slots",
                double(backend->bytes_per_slot(shape)) / (1 << 20), o.max_seqs);
 
@@ -153,14 +161,18 @@ cm::cli::CommandRegistrar reg(
        app.add_option("--api-key", o->http.api_key, "Require Authorization: Bearer KEY on /v1 and /(de)tokenize")
            ->envname("CLAWMINE_API_KEY");
        app.add_option("--served-model-name", o->http.model_name, "Model name in the API (default: the model folder's name)");
-       app.add_option("--max-seqs", o->max_seqs, "Sequences decoded together (slots)")->capture_default_str();
-       app.add_option("--max-step-tokens", o->max_step_tokens, "Tokens per engine step (decode + prefill chunks)")
-           ->capture_default_str();
+       app.add_option("--max-seqs", o->max_seqs,
+                      "Sequences decoded together (slots; default: on the GPU as many as fit the memory left after "
+                      "the weights, at most 256; on the CPU 8)");
+       app.add_option("--max-step-tokens", o->max_step_tokens,
+                      "Tokens per engine step (decode + prefill chunks; default 2048 on the GPU, 256 on the CPU)");
        app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->prefix_caching,
                     "Start prompts from a slot that holds their longest prefix, and keep prefixes that requests "
                     "share (a system prompt) as snapshots in free slots (default on; the same logits either way)")
            ->envname("CLAWMINE_PREFIX_CACHING");
-       app.add_option("-c,--ctx-size,--ctx", o->ctx, "Context per sequence (default: the model's max_position_embeddings, at most 4096)");
+       app.add_option("-c,--ctx-size,--ctx", o->ctx,
+                      "Context per sequence (default: the model's max_position_embeddings, at most 32768 on the GPU "
+                      "(halved while one slot does not fit) and 4096 on the CPU)");
        app.add_option("--threads-http", o->http.http_threads, "HTTP worker threads (each open stream holds one)")
            ->capture_default_str();
        app.add_option("--max-body-bytes", o->http.max_body_bytes, "Largest request body accepted (413 beyond)")

@@ -70,6 +70,11 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
                "CUDA: launch every kernel of a step eagerly instead of replaying the step's CUDA graph (same results, "
                "slower; for debugging and profiling)")
       ->envname("CLAWMINE_ENFORCE_EAGER");
+  app.add_flag("--concurrent-branches,!--no-concurrent-branches", o.concurrent_branches,
+               "CUDA: run a layer's independent branches (compressor and indexer projections, the shared expert) on "
+               "a second stream beside the main path in steps of up to 256 tokens (default on; same results; "
+               "--no-concurrent-branches runs every kernel on one stream)")
+      ->envname("CLAWMINE_CONCURRENT_BRANCHES");
   app.add_flag("--fast-prefill", o.fast_prefill,
                "CUDA: run the quantized linears of prefill steps over 256 tokens as BF16 cuBLAS GEMMs (faster; a "
                "prompt's logits then depend on its chunking and on what shares its step, within bf16 rounding)")
@@ -191,20 +196,35 @@ int64_t context_size(const EngineOptions& o, const Model& m) {
   return o.ctx_size > 0 ? o.ctx_size : std::min<int64_t>(model_ctx, 4096);
 }
 
-std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& m, Observer* stats, CacheShape shape) {
+namespace {
+std::unique_ptr<ModelBackend> unreserved_backend(const EngineOptions& o, const Model& m, Observer* stats) {
   BackendOptions bo;
   bo.observer = o.layer_stats ? stats : nullptr;
   bo.act_quant = o.act_quant == "nvfp4" ? ActQuant::NVFP4 : ActQuant::NONE;
   bo.gpu_memory_utilization = o.gpu_memory_utilization;
   bo.cuda_graphs = !o.enforce_eager;
+  bo.concurrent_branches = o.concurrent_branches;
   bo.batch_invariant = !o.fast_prefill;
   const Device d = o.device == "cpu"    ? Device::CPU
                    : o.device == "cuda" ? Device::CUDA
                                         : (gpu_present() ? Device::CUDA : Device::CPU);
   std::fprintf(stderr, "clawmine: running on %s%s\n", device_name(d), o.device == "auto" ? " (--device auto)" : "");
-  std::unique_ptr<ModelBackend> be = cm::make_backend(m, d, bo);
+  return cm::make_backend(m, d, bo);
+}
+}  // namespace
+
+std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& m, Observer* stats, CacheShape shape) {
+  std::unique_ptr<ModelBackend> be = unreserved_backend(o, m, stats);
   if (shape.max_ctx == 0) shape.max_ctx = context_size(o, m);
   be->reserve(shape);
+  return be;
+}
+
+std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& m, Observer* stats,
+                                           const runtime::SizingRequest& sizing, runtime::Sizing* sized) {
+  std::unique_ptr<ModelBackend> be = unreserved_backend(o, m, stats);
+  *sized = runtime::size_reservation(*be, sizing);
+  be->reserve(sized->shape);
   return be;
 }
 

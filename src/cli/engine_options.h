@@ -8,6 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "runtime/sizing.h"
+
 #include "seam/backend.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
@@ -24,6 +26,7 @@ struct EngineOptions {
   std::string device = "auto";     // --device auto|cpu|cuda (auto: cuda when a GPU is present)
   double gpu_memory_utilization = 0.9;  // --gpu-memory-utilization U   env CLAWMINE_GPU_MEMORY_UTILIZATION
   bool enforce_eager = false;      // --enforce-eager (CUDA: no graphs)   env CLAWMINE_ENFORCE_EAGER
+  bool concurrent_branches = true; // --no-concurrent-branches (CUDA: one stream)   env CLAWMINE_CONCURRENT_BRANCHES
   bool fast_prefill = false;       // --fast-prefill (CUDA: not batch-invariant)   env CLAWMINE_FAST_PREFILL
   bool sample_on_device = true;    // --sample-on-device / --no-sample-on-device   env CLAWMINE_SAMPLE_ON_DEVICE
   int32_t mtp = 0;                 // --mtp K (generate, chat, serve): MTP drafts per step   env CLAWMINE_MTP
@@ -68,6 +71,10 @@ std::unique_ptr<Model> load_model(EngineOptions& o);
 // The backend for these flags (`stats` observes when --layer-stats is on),
 // reserved for `shape`. shape.max_ctx = 0 takes context_size(o, m).
 std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& m, Observer* stats, CacheShape shape);
+// The same with the shape chosen by runtime::size_reservation (what `sizing` leaves at 0 follows from
+// the device's memory); the shape reserved, and why, in *sized.
+std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& m, Observer* stats,
+                                           const runtime::SizingRequest& sizing, runtime::Sizing* sized);
 // The context a sequence may reach: o.ctx_size, or the model's context capped at 4096.
 int64_t context_size(const EngineOptions& o, const Model& m);
 

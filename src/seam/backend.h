@@ -101,6 +101,11 @@ struct BackendOptions {
   // CUDA: replay each step of up to 256 rows as a CUDA graph captured once per (rows, logits rows)
   // (same kernels, same bits as eager); false runs every kernel launch eagerly (--enforce-eager).
   bool cuda_graphs = true;
+  // CUDA: steps of up to 256 rows run a layer's independent branches side by side on a second stream
+  // (the compressor and indexer projections beside the query path; the shared expert beside the router
+  // and the routed experts): the same kernels on the same inputs, so the same bits; false runs every
+  // kernel on one stream (--no-concurrent-branches).
+  bool concurrent_branches = true;
   // CUDA: every row's result independent of the other rows of its step (true: the decode kernels'
   // sums at every batch size, so a prompt gives the same logits however it is chunked or batched).
   // false (--fast-prefill): steps of more than 256 rows (prefill chunks; never graphed) run their
@@ -126,6 +131,12 @@ class ModelBackend {
   virtual Device device() const = 0;
   // The only place that allocates. May be called again to resize (drops every slot's state).
   virtual void reserve(const CacheShape& shape) = 0;
+  // Sizing a reservation to the device (the server's GPU defaults): the bytes reserve(shape) would
+  // allocate (per-slot state, activations, scratch), and the bytes the backend may allocate for one
+  // beside what it holds (its memory budget less the weights and workspaces). A backend that does not
+  // budget memory (the CPU's) returns 0 and SIZE_MAX. Meant before the first reserve().
+  virtual size_t reserve_bytes(const CacheShape&) const { return 0; }
+  virtual size_t reserve_budget() const { return SIZE_MAX; }
   virtual const CacheShape& shape() const = 0;
   // Bytes of per-sequence state for one slot of shape().max_ctx (also valid before reserve()
   // for the shape given).

@@ -29,6 +29,34 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   const uint16_t* normed_bf = P<uint16_t>(a.normed_bf);
   uint16_t* qr_bf = P<uint16_t>(a.qr_bf);
 
+  // Compressed entries per slot (and, for CSA, the indexer's keys and head weights) read only the normed
+  // rows: they run on the side stream beside the query path (on_side), joined before the indexer's scores.
+  const int64_t m = L < c.num_layers ? c.ratio(L) : 0;
+  float *ikv = P<float>(a.ikv), *igate = P<float>(a.igate), *iqf = P<float>(a.iqf), *iw = P<float>(a.iw);
+  if (lw.comp || kind == AttnKind::CSA) on_side(n, [&] {
+    Context& sc = *ctx_;  // the side stream's (or the main one's when the step runs without branches)
+    if (lw.comp) {
+      float *ckv = P<float>(a.ckv), *cgate = P<float>(a.cgate);
+      linear2(lw.comp->wkv, normed, normed_bf, n, ckv);
+      linear2(lw.comp->wgate, normed, normed_bf, n, cgate);
+      cuda::OpScope op(sc, "compressor_step");
+      compressor_step_cuda(sc, ls.comp, lw.comp->ape.p(), lw.comp->norm.p(), eps, dm_->rope_compress, ckv, cgate,
+                           d_slot_, d_pos_, n);
+    }
+    if (kind == AttnKind::CSA) {
+      linear2(lw.index_comp->wkv, normed, normed_bf, n, ikv);
+      linear2(lw.index_comp->wgate, normed, normed_bf, n, igate);
+      linear2(lw.index_weights_proj, normed, normed_bf, n, iw);
+      {
+        cuda::OpScope op(sc, "compressor_step (indexer)");
+        compressor_step_cuda(sc, ls.index, lw.index_comp->ape.p(), lw.index_comp->norm.p(), eps, dm_->rope_compress,
+                             ikv, igate, d_slot_, d_pos_, n);
+      }
+      cuda::OpScope op(sc, "scale");
+      cuda::scale_f32(sc, iw, n * inh, 1.0f / std::sqrt(float(inh)));
+    }
+  });
+
   // Queries and the shared KV head, for every row of the step.
   float *qr = P<float>(a.qr), *qf = P<float>(a.qf), *kvf = P<float>(a.kvf);
   uint16_t *q = P<uint16_t>(a.q_bf), *kv = P<uint16_t>(a.kv_bf);
@@ -50,46 +78,20 @@ void CudaBackend::attention(int64_t L, int64_t n, int64_t max_pos) {
   }
   note("q", L, q, true, H * hd, {H, hd});
   note("kv", L, kv, true, hd, {hd});
-
-  // Compressed entries per slot (and, for CSA, the indexer's keys and choice).
-  const int64_t m = L < c.num_layers ? c.ratio(L) : 0;
-  if (lw.comp) {
-    float *ckv = P<float>(a.ckv), *cgate = P<float>(a.cgate);
-    linear2(lw.comp->wkv, normed, normed_bf, n, ckv);
-    linear2(lw.comp->wgate, normed, normed_bf, n, cgate);
-    {
-      cuda::OpScope op(ctx, "compressor_step");
-      compressor_step_cuda(ctx, ls.comp, lw.comp->ape.p(), lw.comp->norm.p(), eps, dm_->rope_compress, ckv, cgate,
-                           d_slot_, d_pos_, n);
-    }
-  }
+  uint16_t* iq = P<uint16_t>(a.iq_bf);
   if (kind == AttnKind::CSA) {
-    float *ikv = P<float>(a.ikv), *igate = P<float>(a.igate), *iqf = P<float>(a.iqf), *iw = P<float>(a.iw);
-    linear2(lw.index_comp->wkv, normed, normed_bf, n, ikv);
-    linear2(lw.index_comp->wgate, normed, normed_bf, n, igate);
+    // The indexer's queries (from qr, so on this stream): q_h with RoPE.
     linear2(lw.index_wq_b, qr, qr_bf, n, iqf);
-    linear2(lw.index_weights_proj, normed, normed_bf, n, iw);
-    {
-      cuda::OpScope op(ctx, "compressor_step (indexer)");
-      compressor_step_cuda(ctx, ls.index, lw.index_comp->ape.p(), lw.index_comp->norm.p(), eps, dm_->rope_compress,
-                           ikv, igate, d_slot_, d_pos_, n);
-    }
+    cuda::OpScope op(ctx, "rope (indexer)");
+    rope_cuda(ctx, iqf, false, iq, true, n * inh, ihd, d_pos_, inh, dm_->rope_compress, false);
   }
+  join_side();
   if (lw.comp) observe_entries(L, ls.comp, kind == AttnKind::CSA ? &ls.index : nullptr);
   if (kind == AttnKind::CSA) {
-    float *iqf = P<float>(a.iqf), *iw = P<float>(a.iw), *iscore = P<float>(a.iscore);
+    float* iscore = P<float>(a.iscore);
     float* sel_score = P<float>(a.sel_score);
-    uint16_t* iq = P<uint16_t>(a.iq_bf);
     int32_t* sel = P<int32_t>(a.sel);
     // Lightning indexer: top-k causal entries by Σ_h w_h·ReLU(q_h·K_i)·ihd^−½, w scaled by inh^−½.
-    {
-      cuda::OpScope op(ctx, "rope (indexer)");
-      rope_cuda(ctx, iqf, false, iq, true, n * inh, ihd, d_pos_, inh, dm_->rope_compress, false);
-    }
-    {
-      cuda::OpScope op(ctx, "scale");
-      cuda::scale_f32(ctx, iw, n * inh, 1.0f / std::sqrt(float(inh)));
-    }
     const int64_t ld = ls.index.max_entries;
     {
       cuda::OpScope op(ctx, "indexer_scores");

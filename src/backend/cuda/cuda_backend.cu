@@ -51,6 +51,11 @@ CudaBackend::CudaBackend(const Model& m, const BackendOptions& opt, std::unique_
   // takes the cuBLAS path).
   ctx_ = std::make_unique<Context>(0, true, opt.batch_invariant ? 0 : cuda::fast_prefill_panel_bytes(*dm_));
   ctx_->set_timer(timer_);  // the step's OpScopes record into it
+  if (opt.concurrent_branches) {  // the side stream's ops are not timed: the per-op timer runs without branches
+    side_ctx_ = std::make_unique<Context>(0, true, 0);
+    CM_CUDA(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
+    CM_CUDA(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
+  }
   std::fprintf(stderr, "%s\n", dm_->report.c_str());
 }
 
@@ -60,6 +65,19 @@ CudaBackend::~CudaBackend() {
   if (sample_host_) cudaFreeHost(sample_host_);
   if (draft_host_) cudaFreeHost(draft_host_);
   if (undo_host_) cudaFreeHost(undo_host_);
+  if (fork_ev_) cudaEventDestroy(fork_ev_);
+  if (join_ev_) cudaEventDestroy(join_ev_);
+}
+
+bool CudaBackend::branches(int64_t n) const {
+  return side_ctx_ && !obs_.active() && !(timer_ && timer_->mode() == cuda::OpTimer::Mode::OPS) && n <= kGraphMaxRows;
+}
+
+void CudaBackend::join_side() {
+  if (!side_open_) return;
+  side_open_ = false;
+  CM_CUDA(cudaEventRecord(join_ev_, side_ctx_->stream()));
+  CM_CUDA(cudaStreamWaitEvent(ctx_->stream(), join_ev_, 0));
 }
 
 size_t CudaBackend::bytes_per_slot(const CacheShape& shape) const {
@@ -226,6 +244,7 @@ void CudaBackend::forward(int64_t n, int64_t R, int64_t max_pos, int64_t n_mtp) 
   const int64_t D = c.hidden_size, hc = c.hc_mult;
   // Embedding, copied into every hyper-connection stream.
   float* X = P<float>(act_.x);
+  join_side();  // a failed step's branch, if one was left open
   {
     cuda::OpScope op(ctx, "embed");
     embed_rows_cuda(ctx, w.embed, d_token_, n, hc, X);
@@ -303,6 +322,7 @@ void CudaBackend::layer_forward(int64_t L, int64_t n, int64_t max_pos, bool part
   }
   note("resid", L, X, false, hc * D, {hc, D});
   flush_counts();
+  join_side();  // (each half joined its branch already)
 }
 
 void CudaBackend::clear_graphs() {

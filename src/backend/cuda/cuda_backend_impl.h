@@ -50,6 +50,8 @@ class CudaBackend final : public ModelBackend {
   ~CudaBackend() override;
   Device device() const override { return Device::CUDA; }
   void reserve(const CacheShape& shape) override;
+  size_t reserve_bytes(const CacheShape& shape) const override;  // cuda_reserve.cu
+  size_t reserve_budget() const override;
   const CacheShape& shape() const override { return shape_; }
   size_t bytes_per_slot(const CacheShape& shape) const override;
   int64_t slot_pos(int32_t slot) const override;
@@ -108,6 +110,23 @@ class CudaBackend final : public ModelBackend {
   static SampleStage sample_stage(int64_t rows, int64_t vocab);
 
   void check_slot(int32_t slot, const char* what) const;
+  // What a reservation of `shape` allocates (cuda_reserve.cu): every activation buffer of `a` with its
+  // bytes, the state and undo-log bytes, the MoE scratch; reserve() allocates exactly these.
+  struct Want {
+    DeviceBuffer* buf;
+    int64_t bytes;
+  };
+  struct Reservation {
+    std::vector<Want> wants;
+    size_t act_bytes = 0, state_bytes = 0, undo_log_bytes = 0, undo_span_bytes = 0, moe_bytes = 0, max_notes = 0;
+    StateLayout layout;
+    UndoBook undo;
+    SampleStage stage;
+    DraftStage dstage;
+    const cuda::DevLayer* packed = nullptr;  // a layer with packed experts (the MoE scratch's shape)
+    size_t total() const { return act_bytes + state_bytes + moe_bytes; }
+  };
+  Reservation plan_reservation(const CacheShape& shape, Act& a) const;
   // Layer L (the MTP block's when L = num_layers): its weights and attention kind.
   const cuda::DevLayer& dev_layer(int64_t L) const {
     return L < m_.config.num_layers ? dm_->layers[size_t(L)] : dm_->mtp->block;
@@ -119,6 +138,15 @@ class CudaBackend final : public ModelBackend {
   // layer's hc_pre partial sums; next: the layer whose partial sums the last hc_post computes (or null).
   void layer_forward(int64_t L, int64_t n, int64_t max_pos, bool partials_ready, const cuda::DevLayer* next);
   void attention(int64_t L, int64_t n, int64_t max_pos);
+  // A layer's independent branch (cuda_backend.cu): f runs with ctx_ pointing at the side stream's
+  // Context, ordered after everything launched on the main stream so far; join_side() makes the main
+  // stream wait for all of it. f must use *ctx_ (not a Context& taken before the call) and write only
+  // buffers the main stream leaves alone until the join. Without branches (the option off, an observer or
+  // the per-op timer watching the kernels, a step of more than kGraphMaxRows rows) f runs in place.
+  template <class F>
+  void on_side(int64_t n, F&& f);
+  void join_side();
+  bool branches(int64_t n) const;
   void moe(int64_t L, int64_t n);
   void expert(const cuda::DevExpert& e, const float* x, const uint16_t* x_bf, int64_t n, float* y);
   void linear(const DevLinear& w, const void* x, bool x_bf16, int64_t M, void* y, int64_t ldx = 0,
@@ -167,6 +195,13 @@ class CudaBackend final : public ModelBackend {
   const Model& m_;
   BackendOptions opt_;
   std::unique_ptr<Context> ctx_;
+  // The side stream of on_side: its own Context (split-K workspace, cuBLAS handle; null when
+  // BackendOptions::concurrent_branches is off), the fork and join events, and whether work was forked
+  // since the last join.
+  std::unique_ptr<Context> side_ctx_;
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  bool side_open_ = false;
+  size_t ctx_bytes() const { return ctx_->device_bytes() + (side_ctx_ ? side_ctx_->device_bytes() : 0); }
   std::unique_ptr<cuda::DevModel> dm_;
   std::unique_ptr<cuda::MoeScratch> moe_scratch_;
   CacheShape shape_{0, 0, 0};
@@ -242,6 +277,24 @@ constexpr size_t kWorkingBytes = size_t(256) << 20;
 // distinct (rows, logits rows) shapes are kept, further shapes run eagerly.
 using cuda::kGraphMaxRows;
 constexpr size_t kMaxGraphs = 64;
+
+template <class F>
+void CudaBackend::on_side(int64_t n, F&& f) {
+  if (!branches(n)) {
+    f();
+    return;
+  }
+  CM_CUDA(cudaEventRecord(fork_ev_, ctx_->stream()));
+  CM_CUDA(cudaStreamWaitEvent(side_ctx_->stream(), fork_ev_, 0));
+  side_open_ = true;
+  // ctx_ is the side's while f runs, and the main stream's again however f ends.
+  struct Swap {
+    std::unique_ptr<Context>&a, &b;
+    Swap(std::unique_ptr<Context>& x, std::unique_ptr<Context>& y) : a(x), b(y) { std::swap(a, b); }
+    ~Swap() { std::swap(a, b); }
+  } swap(ctx_, side_ctx_);
+  f();
+}
 
 // A linear's op label: its name without the "layers.<L>." prefix ("attn.wq_a"), a pointer into the name.
 inline const char* op_label(const std::string& name) {

@@ -39,6 +39,11 @@ void CudaBackend::moe(int64_t L, int64_t n) {
   float *router = P<float>(a.router), *ew = P<float>(a.ew), *routed = P<float>(a.routed), *out = P<float>(a.out_ffn);
   int32_t* eidx = P<int32_t>(a.eidx);
 
+  // With packed experts (their own scratch) the shared expert runs on the side stream beside the router
+  // and the routed experts (the separate-linear experts share its g/up buffers: one stream then).
+  float* sy = P<float>(a.sy);
+  const bool shared_aside = lw.has_shared && lw.experts;
+  if (shared_aside) on_side(n, [&] { expert(lw.shared, normed, normed_bf, n, sy); });
   linear2(lw.gate, normed, normed_bf, n, router);
   note("router_logits", L, router, false, E, {E});
   RouterParams rp;
@@ -78,9 +83,9 @@ void CudaBackend::moe(int64_t L, int64_t n) {
     }
   }
   note("moe_routed", L, routed, false, D, {D});
-  float* sy = P<float>(a.sy);
+  join_side();
   if (lw.has_shared) {
-    expert(lw.shared, normed, normed_bf, n, sy);
+    if (!shared_aside) expert(lw.shared, normed, normed_bf, n, sy);
     note("moe_shared", L, sy, false, D, {D});
   }
   {
