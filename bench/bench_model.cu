@@ -112,31 +112,30 @@ void progress(const std::string& s) {
 SyntheticDevice::SyntheticDevice() = default;
 SyntheticDevice::~SyntheticDevice() = default;
 
-std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& shape, uint64_t seed,
-                                                       bool batch_invariant, bool mtp, bool concurrent_branches) {
-  CM_CU_CHECK(device_count() > 0, "bench model: no CUDA device is present");
-  auto sd = std::make_unique<SyntheticDevice>();
-  sd->model = synthetic_model_shell(synthetic_config(shape));
-  const Config& c = sd->model->config;
+std::unique_ptr<DevModel> synthetic_dev_model(const Config& c, uint64_t seed, bool mtp, SyntheticDevice* sd) {
+  CM_CU_CHECK(device_count() > 0, "synthetic model: no CUDA device is present");
   const int64_t D = c.hidden_size, I = c.moe_inter, E = c.n_routed_experts;
-  CM_CU_CHECK(D % 64 == 0 && I % 64 == 0, "bench model: hidden %lld and moe_intermediate %lld must be multiples of 64",
-              (long long)D, (long long)I);
+  CM_CU_CHECK(D % 64 == 0 && I % 64 == 0,
+              "synthetic model: hidden %lld and moe_intermediate %lld must be multiples of 64", (long long)D,
+              (long long)I);
   auto dm = std::make_unique<DevModel>();
   MtpWeights mw;  // (with mtp) the MTP block's small pieces taken from the globals
   {  // Embedding and head on the host only while they upload.
-    sd->model->weights = synthetic_globals(c, seed);
-    upload_globals(*sd->model, *dm);
-    const Weights& w = sd->model->weights;
+    auto host = synthetic_model_shell(c);
+    host->weights = synthetic_globals(c, seed);
+    upload_globals(*host, *dm);
+    const Weights& w = host->weights;
     mw.enorm = mw.hnorm = mw.norm = w.norm;
     mw.hc_head_fn = w.hc_head_fn, mw.hc_head_base = w.hc_head_base, mw.hc_head_scale = w.hc_head_scale;
-    sd->head_bytes = dm->head.bytes();
-    sd->model->weights = Weights{};
+    if (sd) sd->head_bytes = dm->head.bytes();
   }
-  sd->expert_bytes = packed_expert_bytes(D, I);
+  if (sd) sd->expert_bytes = packed_expert_bytes(D, I);
   for (int64_t L = 0; L < c.num_layers; ++L) {
     const size_t need = packed_expert_bytes(D, I) * size_t(E) + (size_t(512) << 20);
     const size_t have = free_bytes();
-    CM_CU_CHECK(need <= have, "bench model: layer %lld needs about %.2f GiB of device memory, %.2f GiB free",
+    CM_CU_CHECK(need <= have,
+                "synthetic model: layer %lld needs about %.2f GiB of device memory, %.2f GiB free (keep fewer "
+                "layers: --num-layers, bench --layers)",
                 (long long)L, double(need) / kGiB, double(have) / kGiB);
     const size_t before = dm->bytes.total();
     {
@@ -145,7 +144,7 @@ std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& sha
     }  // the host layer is freed here
     DevLayer& dl = dm->layers[size_t(L)];
     // A decode step reads all of these but the hash table (B of its rows).
-    sd->dense_layer_bytes.push_back(dm->bytes.total() - before - dl.tid2eid.size());
+    if (sd) sd->dense_layer_bytes.push_back(dm->bytes.total() - before - dl.tid2eid.size());
     dl.experts = std::make_unique<DeviceExperts>(random_experts(D, I, 0, int(E), seed * 1000003 + uint64_t(L)));
     dl.experts->swiglu_limit = c.swiglu_limit > 0 ? c.swiglu_limit : INFINITY;
     // Tensor scales that give the random codes an rms of about 1/sqrt(K) (random_experts' block
@@ -175,6 +174,16 @@ std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& sha
     CM_CUDA(cudaMemcpy(dl.experts->scale2.get(), ex.scale2.get(), ex.scale2.size(), cudaMemcpyDeviceToDevice));
   }
   finish_report(*dm);
+  return dm;
+}
+
+std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& shape, uint64_t seed,
+                                                       bool batch_invariant, bool mtp, bool concurrent_branches) {
+  CM_CU_CHECK(device_count() > 0, "bench model: no CUDA device is present");
+  auto sd = std::make_unique<SyntheticDevice>();
+  sd->model = synthetic_model_shell(synthetic_config(shape));
+  const Config& c = sd->model->config;
+  std::unique_ptr<DevModel> dm = synthetic_dev_model(c, seed, mtp, sd.get());
   progress(dm->report);
   const DevBytes& g = dm->bytes;
   const double nl = double(std::max<int64_t>(1, c.num_layers));
@@ -189,6 +198,14 @@ std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& sha
   bo.concurrent_branches = concurrent_branches;
   sd->backend = make_cuda_backend(*sd->model, std::move(dm), sd->timer.get(), bo);
   return sd;
+}
+
+std::unique_ptr<ModelBackend> make_dummy_cuda_backend(const Model& m, const BackendOptions& bo, bool mtp,
+                                                      uint64_t seed) {
+  std::unique_ptr<DevModel> dm = synthetic_dev_model(m.config, seed, mtp);
+  dm->report = "dummy weights (--load-format dummy): " + std::to_string(m.config.num_layers) + " layers" +
+               (mtp ? " and the MTP block" : "") + " generated on the device; " + dm->report;
+  return make_cuda_backend(m, std::move(dm), nullptr, bo);
 }
 
 namespace {

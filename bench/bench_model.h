@@ -37,6 +37,7 @@ namespace cm::cuda {
 
 class OpTimer;
 struct DevBytes;
+struct DevModel;
 
 struct ModelBenchOptions {
   SyntheticShape shape;  // V4-Flash by default; shape.layers is the most layers considered
@@ -81,6 +82,15 @@ struct SyntheticDevice {
 std::unique_ptr<SyntheticDevice> make_synthetic_device(const SyntheticShape& shape, uint64_t seed,
                                                        bool batch_invariant = true, bool mtp = false,
                                                        bool concurrent_branches = true);
+
+// Every weight of config c generated on the device (as make_synthetic_device: a layer at a time, routed
+// experts on the device), with the MTP block when mtp. sd, when given, gets the per-group byte counts.
+std::unique_ptr<DevModel> synthetic_dev_model(const Config& c, uint64_t seed, bool mtp, SyntheticDevice* sd = nullptr);
+
+// --load-format dummy on the GPU (model/dummy.h): a CUDA backend over m (a config shell: its config and
+// RoPE tables) whose weights are generated on the device; with the MTP block when mtp.
+std::unique_ptr<ModelBackend> make_dummy_cuda_backend(const Model& m, const BackendOptions& bo, bool mtp,
+                                                      uint64_t seed = 1);
 
 // Runs the benchmark; returns (and writes to json_file) the results. Progress
 // goes to stderr. Throws cm::Error when no CUDA device is usable.

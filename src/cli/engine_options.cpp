@@ -12,6 +12,10 @@
 #include "common/error.h"
 #include "sampling/generation_config.h"
 #include "factory/factory.h"
+#include "model/dummy.h"
+#ifdef CLAWMINE_HAVE_CUDA
+#include "bench/bench_model.h"
+#endif
 
 namespace cm::cli {
 
@@ -66,6 +70,15 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
   app.add_option("--device", o.device, "Where the model runs: auto (cuda when a GPU is present), cpu or cuda")
       ->envname("CLAWMINE_DEVICE")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--load-format", o.load_format,
+                 "auto: read the checkpoint's safetensors; dummy: random weights of config.json's shape in the "
+                 "release formats, nothing else read (generated on the GPU with --device cuda; vLLM's name)")
+      ->envname("CLAWMINE_LOAD_FORMAT")
+      ->check(CLI::IsMember({"auto", "dummy"}));
+  app.add_option("--num-layers", o.num_layers,
+                 "With --load-format dummy: keep the config's first N layers (0 = all), so a V4-Flash or V4-Pro "
+                 "config fits one GPU")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
   app.add_flag("--enforce-eager", o.enforce_eager,
                "CUDA: launch every kernel of a step eagerly instead of replaying the step's CUDA graph (same results, "
                "slower; for debugging and profiling)")
@@ -176,6 +189,17 @@ std::unique_ptr<Model> load_model(EngineOptions& o) {
   }
   auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<Model> m;
+  if (o.load_format == "dummy") {
+    // Random weights of the config's shape: generated on the GPU by the CUDA backend (make_backend), on
+    // the host here for the CPU's.
+    const Config c = keep_first_layers(config_load(o.model), o.num_layers);
+    m = dummy_model(c, resolved_device(o) == Device::CPU);
+    o.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "%s: dummy weights (--load-format dummy), %lld of %lld layers\n", o.model.c_str(),
+                 (long long)c.num_layers, (long long)config_load(o.model).num_layers);
+    return m;
+  }
+  if (o.num_layers != 0) fail("--num-layers keeps layers of dummy weights only (give --load-format dummy)");
   try {
     m = model_load(o.model, lo);
   } catch (...) {
@@ -196,6 +220,10 @@ int64_t context_size(const EngineOptions& o, const Model& m) {
   return o.ctx_size > 0 ? o.ctx_size : std::min<int64_t>(model_ctx, 4096);
 }
 
+Device resolved_device(const EngineOptions& o) {
+  return o.device == "cpu" ? Device::CPU : o.device == "cuda" ? Device::CUDA : (gpu_present() ? Device::CUDA : Device::CPU);
+}
+
 namespace {
 std::unique_ptr<ModelBackend> unreserved_backend(const EngineOptions& o, const Model& m, Observer* stats) {
   BackendOptions bo;
@@ -205,10 +233,15 @@ std::unique_ptr<ModelBackend> unreserved_backend(const EngineOptions& o, const M
   bo.cuda_graphs = !o.enforce_eager;
   bo.concurrent_branches = o.concurrent_branches;
   bo.batch_invariant = !o.fast_prefill;
-  const Device d = o.device == "cpu"    ? Device::CPU
-                   : o.device == "cuda" ? Device::CUDA
-                                        : (gpu_present() ? Device::CUDA : Device::CPU);
+  const Device d = resolved_device(o);
   std::fprintf(stderr, "clawmine: running on %s%s\n", device_name(d), o.device == "auto" ? " (--device auto)" : "");
+  if (o.load_format == "dummy" && d == Device::CUDA) {
+#ifdef CLAWMINE_HAVE_CUDA
+    return cuda::make_dummy_cuda_backend(m, bo, o.mtp > 0);
+#else
+    fail("--load-format dummy --device cuda: this clawmine was built without the CUDA backend");
+#endif
+  }
   return cm::make_backend(m, d, bo);
 }
 }  // namespace

@@ -30,6 +30,8 @@ struct EngineOptions {
   bool fast_prefill = false;       // --fast-prefill (CUDA: not batch-invariant)   env CLAWMINE_FAST_PREFILL
   bool sample_on_device = true;    // --sample-on-device / --no-sample-on-device   env CLAWMINE_SAMPLE_ON_DEVICE
   int32_t mtp = 0;                 // --mtp K (generate, chat, serve): MTP drafts per step   env CLAWMINE_MTP
+  std::string load_format = "auto"; // --load-format auto|dummy (dummy: random weights of config.json's shape)
+  int64_t num_layers = 0;          // --num-layers N (dummy weights: the first N layers; 0 = all)
   CLI::Option* model_flag = nullptr;
   double load_seconds = 0;         // set by load_model
   int threads_used = 0;            // set by load_model
@@ -70,6 +72,8 @@ void check_seed(int64_t seed);
 std::unique_ptr<Model> load_model(EngineOptions& o);
 // The backend for these flags (`stats` observes when --layer-stats is on),
 // reserved for `shape`. shape.max_ctx = 0 takes context_size(o, m).
+// Where the model runs: --device cpu|cuda, or auto (cuda when a GPU is present).
+Device resolved_device(const EngineOptions& o);
 std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& m, Observer* stats, CacheShape shape);
 // The same with the shape chosen by runtime::size_reservation (what `sizing` leaves at 0 follows from
 // the device's memory); the shape reserved, and why, in *sized.
