@@ -48,3 +48,9 @@ if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
                                            --self-test)
   set_tests_properties(layering_self_test PROPERTIES LABELS cpu TIMEOUT 60)
 endif()
+# bench_serve: tools/bench_serve.py (the load generator) against its echo server and `clawmine serve`.
+if(CLAWMINE_TESTS AND Python3_Interpreter_FOUND)
+  add_test(NAME bench_serve
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tests/bench_serve_test.py $<TARGET_FILE:clawmine>)
+  set_tests_properties(bench_serve PROPERTIES LABELS cpu TIMEOUT 300)
+endif()
