@@ -7,26 +7,19 @@
 #include <fstream>
 
 #include "cli_run.h"
+#include "test_util.h"
 #include "common/error.h"
 #include "model/dummy.h"
 #include "model/synthetic.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace cm;
+using cm::test::error_of;
 
 namespace {
 const std::string kModels = std::string(CLAWMINE_TEST_DATA) + "/../../models";
 
 int count(const Config& c, AttnKind k) { return int(std::count(c.attn_kinds.begin(), c.attn_kinds.end(), k)); }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // A small release-spelled config (hidden 256, 3 layers: SWA, CSA, HCA) with the default model's tokenizer.
 std::string tiny_dir() {

@@ -192,11 +192,11 @@ std::unique_ptr<Model> load_model(EngineOptions& o) {
   if (o.load_format == "dummy") {
     // Random weights of the config's shape: generated on the GPU by the CUDA backend (make_backend), on
     // the host here for the CPU's.
-    const Config c = keep_first_layers(config_load(o.model), o.num_layers);
+    const Config whole = config_load(o.model), c = keep_first_layers(whole, o.num_layers);
     m = dummy_model(c, resolved_device(o) == Device::CPU);
     o.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "%s: dummy weights (--load-format dummy), %lld of %lld layers\n", o.model.c_str(),
-                 (long long)c.num_layers, (long long)config_load(o.model).num_layers);
+                 (long long)c.num_layers, (long long)whole.num_layers);
     return m;
   }
   if (o.num_layers != 0) fail("--num-layers keeps layers of dummy weights only (give --load-format dummy)");

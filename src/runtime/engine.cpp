@@ -187,12 +187,7 @@ int32_t Engine::choose_slot(const std::vector<int32_t>& prompt, int64_t* reused)
   if (best >= 0) {
     Slot& b = slots_[size_t(best)];
     // A snapshot stays for the prompts after this one: copied into another free slot while there is one.
-    int32_t to = -1;
-    if (b.busy || b.snapshot)
-      for (int32_t s = 0; s < int32_t(slots_.size()); ++s) {
-        const Slot& sl = slots_[size_t(s)];
-        if (s != best && !sl.busy && (to < 0 || sl.last_used < slots_[size_t(to)].last_used)) to = s;
-      }
+    const int32_t to = b.busy || b.snapshot ? lru_free(best) : -1;
     if (to < 0) {  // a free slot taken as it is (a snapshot: the last free slot)
       b.snapshot = false;
       return best;
@@ -219,13 +214,18 @@ int64_t Engine::shared_prefix(const std::vector<int32_t>& prompt) const {
   return most;
 }
 
-void Engine::snapshot(Seq& s) {
-  s.snap_at = 0;
+int32_t Engine::lru_free(int32_t except) const {
   int32_t to = -1;
   for (int32_t t = 0; t < int32_t(slots_.size()); ++t) {
     const Slot& sl = slots_[size_t(t)];
-    if (t != s.slot && !sl.busy && (to < 0 || sl.last_used < slots_[size_t(to)].last_used)) to = t;
+    if (t != except && !sl.busy && (to < 0 || sl.last_used < slots_[size_t(to)].last_used)) to = t;
   }
+  return to;
+}
+
+void Engine::snapshot(Seq& s) {
+  s.snap_at = 0;
+  const int32_t to = lru_free(s.slot);
   if (to < 0) return;  // no free slot this step: no snapshot
   const Slot& from = slots_[size_t(s.slot)];
   CM_CHECK(int64_t(from.held.size()) == s.fed, "engine: snapshot of slot {} at {} tokens, it holds {}", s.slot, s.fed,

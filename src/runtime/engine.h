@@ -211,6 +211,8 @@ class Engine {
   int64_t shared_prefix(const std::vector<int32_t>& prompt) const;
   // Copies s's slot (holding s.fed prompt tokens) into the least recently used free slot as a snapshot.
   void snapshot(Seq& s);
+  // The least recently used free slot other than `except` (-1: none).
+  int32_t lru_free(int32_t except) const;
   // Returns false when the token ended the job (the Seq is gone).
   bool on_logits(Seq& s, const float* row);
   // MTP: the drafts of this step's speculating sequences (Seq::drafts); jobs whose drafts fail end.
