@@ -2,7 +2,9 @@
 """tools/bench_serve.py as a user runs it: against its own echo server (800 streams, 2 processes, 10%
 abandoned) and against `clawmine serve` on the default model (96 streams of random lengths, 25% abandoned):
 every stream that was not abandoned completes (finish "length", usage = max_tokens), no request errs, and
-afterwards the server is healthy with no request left running."""
+afterwards the server is healthy with no request left running. Then tools/serve_hostile.py beside it: idle
+connections, clients sending headers a byte at a time and 1 MB of headers, while well-behaved streams all
+complete and the server stays healthy."""
 import json
 import os
 import re
@@ -13,6 +15,7 @@ import urllib.request
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TOOL = os.path.join(ROOT, "tools", "bench_serve.py")
+HOSTILE = os.path.join(ROOT, "tools", "serve_hostile.py")
 BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "clawmine")
 
 
@@ -59,6 +62,22 @@ def main():
         assert urllib.request.urlopen(url + "/health", timeout=10).status == 200
         print("serve: %d completed, %d abandoned, %.0f output tok/s, TTFT p50 %.1f ms" %
               (res["completed"], res["abandoned"], res["output_tok_s"], res["ttft_ms"]["p50"]))
+        # A shared system prompt: after the first requests, its state comes from the prefix cache.
+        res = bench(url, "--num-prompts", "24", "--concurrency", "4", "--shared-prefix-len", "96", "--input-len", "8",
+                    "--output-len", "4", "--seed", "5")
+        assert res["errors"] == 0 and res["completed"] == 24 and res["input_tokens"] == 24 * 104, res
+        assert res["cached_fraction"] > 0.5, res
+        print("shared prefix: %.0f%% of the prompt tokens came from the cache" % (100 * res["cached_fraction"]))
+        r = subprocess.run([sys.executable, HOSTILE, "--base-url", url, "--idle", "24", "--slow", "2",
+                            "--big-header-bytes", "1000000", "--good", "24", "--concurrency", "12",
+                            "--input-len", "24", "--output-len", "8"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        h = json.loads(r.stdout)
+        assert h["completed"] == 24 and h["errors"] == 0 and h["health_after"], h
+        assert h["idle_open"] == 24 and h["idle_refused"] == 0, h
+        assert h["big_headers"] and "431" in h["big_headers"]["status"], h
+        print("hostile: 24 idle, 2 slow, 1 MB of headers beside 24 streams: all complete, TTFT p50 %.1f ms; "
+              "big headers got %r" % (h["ttft_ms"]["p50"], h["big_headers"]["status"]))
     finally:
         srv.kill()
 

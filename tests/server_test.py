@@ -487,9 +487,13 @@ def test_metrics(srv):
     text = text.decode()
     for name in ("num_requests_running", "num_requests_waiting", "prompt_tokens_total", "generation_tokens_total",
                  "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
-                 "prefix_cache_hits_total", "prefix_cache_queries_total", "e2e_request_latency_seconds_count"):
+                 "prefix_cache_hits_total", "prefix_cache_queries_total", "e2e_request_latency_seconds_count",
+                 "engine_steps_total", "engine_step_tokens_total"):
         assert re.search(r"^clawmine:%s\{" % name, text, re.M), name
     assert srv.metric("generation_tokens_total") > 0
+    assert srv.metric("engine_steps_total") > 0
+    parts = dict(re.findall(r'^clawmine:engine_step_seconds_total\{[^}]*part="(\w+)"\} (\S+)$', text, re.M))
+    assert set(parts) == {"backend", "sample", "engine"} and float(parts["backend"]) > 0, parts
     assert srv.metric("prompt_tokens_total") > 0
 
 

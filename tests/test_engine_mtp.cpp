@@ -88,7 +88,12 @@ class CountingMetrics : public EngineMetrics {
   void request_finished(const std::string&) override {}
   void prefix_cache(int64_t, int64_t) override {}
   void spec_decode(int64_t d, int64_t a) override { ++rounds, drafted += d, accepted += a; }
-  int64_t generated = 0, rounds = 0, drafted = 0, accepted = 0;
+  void engine_step(int64_t tokens, double backend, double sample, double engine) override {
+    ++steps, step_tokens += tokens;
+    timed_ok = timed_ok && backend >= 0 && sample >= 0 && engine >= 0;
+  }
+  int64_t generated = 0, rounds = 0, drafted = 0, accepted = 0, steps = 0, step_tokens = 0;
+  bool timed_ok = true;
 };
 
 }  // namespace
@@ -128,6 +133,11 @@ TEST(EngineMtp, SameTokensAsWithout) {
     EXPECT_EQ(metrics.rounds, st.rounds);
     EXPECT_EQ(metrics.drafted, st.drafted);
     EXPECT_EQ(metrics.accepted, st.accepted);
+    // Every step that ran reports its timing (the steps with jobs to run: no more than the engine counted).
+    EXPECT_GT(metrics.steps, 20);
+    EXPECT_LE(metrics.steps, st.steps);
+    EXPECT_GE(metrics.step_tokens, st.emitted) << "a step's rows include each token it emitted";
+    EXPECT_TRUE(metrics.timed_ok);
     int64_t by_pos = 0;
     for (int64_t a : st.accepted_at) by_pos += a;
     EXPECT_EQ(by_pos, st.accepted);

@@ -530,6 +530,19 @@ TEST(ServeEngine, AFailingSequenceEndsAloneTheOthersContinue) {
   EXPECT_TRUE(e.idle());
 }
 
+// Engine steps on /metrics: the count, the rows, and the seconds of each part summed.
+TEST(ServeMetrics, EngineStepParts) {
+  Metrics m("s");
+  m.engine_step(64, 0.25, 0.125, 0.0625);  // binary fractions: the sums print exactly
+  m.engine_step(192, 0.5, 0.25, 0.125);
+  const std::string t = m.render();
+  EXPECT_NE(t.find("clawmine:engine_steps_total{model_name=\"s\"} 2\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("clawmine:engine_step_tokens_total{model_name=\"s\"} 256\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("clawmine:engine_step_seconds_total{model_name=\"s\",part=\"backend\"} 0.75\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("clawmine:engine_step_seconds_total{model_name=\"s\",part=\"sample\"} 0.375\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("clawmine:engine_step_seconds_total{model_name=\"s\",part=\"engine\"} 0.1875\n"), std::string::npos) << t;
+}
+
 // MTP's counters on /metrics (vLLM's spec_decode names): rounds, draft tokens, accepted, by position.
 TEST(ServeMetrics, SpecDecodeCounters) {
   Metrics m("s");

@@ -22,6 +22,7 @@ import multiprocessing as mp
 import random
 import sys
 import time
+import urllib.request
 from urllib.parse import urlparse
 
 
@@ -78,6 +79,7 @@ async def one_request(host, port, path, body, abandon_after, rec):
                 if j.get("usage"):
                     rec["out"] = j["usage"]["completion_tokens"]
                     rec["in"] = j["usage"]["prompt_tokens"]
+                    rec["cached"] = (j["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
                 for c in j.get("choices", []):
                     if c.get("finish_reason"):
                         rec["finish"] = c["finish_reason"]
@@ -181,6 +183,7 @@ def report(a, recs, wall):
     incomplete = [r for r in done if not (r.get("done") and r.get("finish") == "length" and r.get("out") == r["max_tokens"])]
     out_tok = sum(r.get("out", 0) for r in done)
     in_tok = sum(r.get("in", 0) for r in done)
+    cached_tok = sum(r.get("cached", 0) for r in done)
     tpot = [(r["e2e"] - r["ttft"]) / (r["out"] - 1) for r in done if r.get("ttft") and r.get("out", 0) > 1]
     itl = [x for r in done for x in r["itl"]]
     ttft = [r["ttft"] for r in done if r.get("ttft")]
@@ -188,9 +191,10 @@ def report(a, recs, wall):
     res = {"requests": len(recs), "completed": len(done), "abandoned": sum(r["abandoned"] for r in recs),
            "errors": len(errors), "incomplete": len(incomplete), "first_errors": errors[:5], "wall_s": round(wall, 3),
            "output_tok_s": round(out_tok / wall, 1), "total_tok_s": round((out_tok + in_tok) / wall, 1),
-           "input_tokens": in_tok, "output_tokens": out_tok,
+           "input_tokens": in_tok, "output_tokens": out_tok, "cached_tokens": cached_tok,
+           "cached_fraction": round(cached_tok / in_tok, 4) if in_tok else None,
            "concurrency": a.concurrency, "request_rate": a.request_rate, "processes": a.processes,
-           "input_len": a.input_len, "output_len": a.output_len}
+           "input_len": a.input_len, "output_len": a.output_len, "shared_prefix_len": a.shared_prefix_len}
     for name, xs in (("ttft_ms", ttft), ("tpot_ms", tpot), ("itl_ms", itl)):
         res[name] = {"p50": ms(pct(xs, 50)), "p90": ms(pct(xs, 90)), "p99": ms(pct(xs, 99))}
     return res
@@ -205,6 +209,8 @@ def main():
     ap.add_argument("--request-rate", type=float, default=0.0)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--shared-prefix-len", type=int, default=0,
+                    help="every prompt starts with the same this many tokens (a shared system prompt), then its own")
     ap.add_argument("--range-ratio", type=float, default=0.0, help="random lengths within ±ratio of the given ones")
     ap.add_argument("--vocab", type=int, default=4000, help="prompt token ids are drawn from [10, vocab)")
     ap.add_argument("--disconnect", type=float, default=0.0, help="fraction of streams abandoned after a few chunks")
@@ -221,12 +227,17 @@ def main():
     def length(n):
         return max(1, int(round(n * (1 + rng.uniform(-a.range_ratio, a.range_ratio)))))
     jobs = []
+    shared = [rng.randrange(10, a.vocab) for _ in range(a.shared_prefix_len)]
     for i in range(a.num_prompts):
         n_in, n_out = length(a.input_len), length(a.output_len)
-        jobs.append({"prompt": [rng.randrange(10, a.vocab) for _ in range(n_in)], "out": n_out,
+        jobs.append({"prompt": shared + [rng.randrange(10, a.vocab) for _ in range(n_in)], "out": n_out,
                      "abandon": rng.randint(1, 3) if rng.random() < a.disconnect else 0})
-    if a.model is None:
-        a.model = "default"
+    if a.model is None:  # the server's own model id (GET /v1/models), else "default"
+        try:
+            with urllib.request.urlopen(a.base_url.rstrip("/") + "/v1/models", timeout=10) as r:
+                a.model = json.load(r)["data"][0]["id"]
+        except Exception:  # noqa: BLE001 - a server without the route
+            a.model = "default"
     q = mp.Queue()
     procs = [mp.Process(target=worker, args=(a, jobs[p::a.processes], q)) for p in range(a.processes)]
     t0 = time.perf_counter()

@@ -299,6 +299,7 @@ void Engine::admit() {
 }
 
 bool Engine::step_once() {
+  const Clock::time_point t_begin = Clock::now();
   take_incoming();
   drop_cancelled();
   admit();
@@ -306,8 +307,10 @@ bool Engine::step_once() {
   if (running_.empty()) return false;
 
   // The batch: decode tokens first, then prefill chunks in admission order under the budget.
+  const Clock::time_point t_draft0 = Clock::now();
   if (opt_.mtp_draft > 0) make_drafts();
   if (running_.empty()) return true;  // every job ended on a failed draft
+  const Clock::time_point t_drafted = Clock::now();
   b_token_.clear(), b_pos_.clear(), b_slot_.clear(), b_logits_.clear(), b_undo_.clear();
   bool speculating = false;
   // The sequence of each logits row, in order, and the prompt position of a prompt_logprobs row
@@ -375,6 +378,14 @@ bool Engine::step_once() {
       on_device = false;  // the host path draws row by row and ends only the job at fault
     }
   }
+  const Clock::time_point t_step = Clock::now();
+  // Where the step's time went (metrics): the drafts and the backend's step, sampling, the engine's own.
+  auto report = [&](Clock::time_point t_stepped, Clock::time_point t_sampled) {
+    if (!metrics_) return;
+    const double drafts = opt_.mtp_draft > 0 ? seconds(t_draft0, t_drafted) : 0.0;
+    const double backend = drafts + seconds(t_step, t_stepped), sample = seconds(t_stepped, t_sampled);
+    metrics_->engine_step(int64_t(b.n), backend, sample, std::max(0.0, seconds(t_begin, Clock::now()) - backend - sample));
+  };
   try {
     be_.step(b, on_device ? nullptr : logits_.data());
   } catch (const std::exception& e) {
@@ -408,8 +419,10 @@ bool Engine::step_once() {
       if (s->snap_at > 0 && s->fed == s->snap_at) snapshot(*s);
     }
   ++spec_.steps;
+  const Clock::time_point t_stepped = Clock::now();
   if (on_device) {
     sample_rows_on_device(dev_seqs);
+    report(t_stepped, Clock::now());
     return true;
   }
   // Sampling may finish sequences (erasing them from running_); every row's sequence is still
@@ -425,11 +438,13 @@ bool Engine::step_once() {
     else if (pos >= 0) on_prompt_row(*s, pos, row);
     else on_logits(*s, row);
   }
+  const Clock::time_point t_sampled = Clock::now();
   for (auto& [s, what] : failed) {
     slots_[size_t(s->slot)].held.clear();
     be_.reset_slot(s->slot);
     finish(*s, "error", false, what);
   }
+  report(t_stepped, t_sampled);
   return true;
 }
 

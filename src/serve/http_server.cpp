@@ -85,12 +85,14 @@ bool peer_closed(int fd) {
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
+constexpr size_t kMaxHeaderBytes = 64 * 1024;
 const char* reason_phrase(int status) {
   switch (status) {
     case 404: return "not found";
     case 405: return "method not allowed";
     case 413: return "request body too large (see --max-body-bytes)";
     case 414: return "request URI too long";
+    case 431: return "request header fields too large (at most 64 KiB in all)";
     default: return "request failed";
   }
 }
@@ -467,6 +469,13 @@ void HttpServer::Impl::routes() {
   const int n_threads = opt.http_threads;
   svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(size_t(n_threads)); };
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // cpp-httplib caps each header line (8 KiB) but not their number; refuse what no client needs.
+    size_t header_bytes = 0;
+    for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
+    if (header_bytes > kMaxHeaderBytes) {
+      reply_error(res, {431, "invalid_request_error", reason_phrase(431), ""});
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;  // preflight: no credentials
     const bool guarded = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
     if (!guarded || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;

@@ -100,6 +100,15 @@ void Metrics::spec_decode(int64_t drafted, int64_t accepted) {
   for (int64_t j = 0; j < accepted; ++j) ++spec_accepted_at_[size_t(j)];
 }
 
+void Metrics::engine_step(int64_t tokens, double backend_s, double sample_s, double engine_s) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++steps_;
+  step_tokens_ += tokens;
+  step_backend_s_ += backend_s;
+  step_sample_s_ += sample_s;
+  step_engine_s_ += engine_s;
+}
+
 std::string Metrics::render() const {
   std::lock_guard<std::mutex> l(mu_);
   const std::string lbl = fmt::format("model_name=\"{}\"", label_escape(model_));
@@ -128,6 +137,14 @@ std::string Metrics::render() const {
   for (size_t j = 0; j < spec_accepted_at_.size(); ++j)
     o += fmt::format("clawmine:spec_decode_num_accepted_tokens_per_pos_total{{{},position=\"{}\"}} {}\n", lbl, j,
                      spec_accepted_at_[j]);
+  scalar(o, "engine_steps_total", "counter", "Engine steps run.", lbl, steps_);
+  scalar(o, "engine_step_tokens_total", "counter", "Batch rows of the engine's steps (prefill and decode tokens).", lbl,
+         step_tokens_);
+  o += "# HELP clawmine:engine_step_seconds_total Engine step time by part: backend (MTP drafts and the step), "
+       "sample (drawing the tokens and handing them out), engine (admission, the batch).\n# TYPE clawmine:engine_step_seconds_total counter\n";
+  o += fmt::format("clawmine:engine_step_seconds_total{{{},part=\"backend\"}} {}\n", lbl, step_backend_s_);
+  o += fmt::format("clawmine:engine_step_seconds_total{{{},part=\"sample\"}} {}\n", lbl, step_sample_s_);
+  o += fmt::format("clawmine:engine_step_seconds_total{{{},part=\"engine\"}} {}\n", lbl, step_engine_s_);
   histogram_text(o, "time_to_first_token_seconds", "Time from arrival to the first generated token.", ttft_, lbl);
   histogram_text(o, "inter_token_latency_seconds", "Time between consecutive generated tokens.", itl_, lbl);
   histogram_text(o, "e2e_request_latency_seconds", "Time from arrival to the last token.", e2e_, lbl);

@@ -35,6 +35,7 @@ class Metrics : public runtime::EngineMetrics {
   void request_finished(const std::string& reason) override;
   void prefix_cache(int64_t queried_tokens, int64_t hit_tokens) override;
   void spec_decode(int64_t drafted, int64_t accepted) override;
+  void engine_step(int64_t tokens, double backend_s, double sample_s, double engine_s) override;
   std::string render() const;
 
  private:
@@ -45,6 +46,9 @@ class Metrics : public runtime::EngineMetrics {
   // MTP (vLLM's spec_decode counters): verify rounds, draft tokens, accepted drafts, by position.
   int64_t spec_rounds_ = 0, spec_drafted_ = 0, spec_accepted_ = 0;
   std::vector<int64_t> spec_accepted_at_;
+  // Engine steps: count, batch rows, and where their time went (seconds).
+  int64_t steps_ = 0, step_tokens_ = 0;
+  double step_backend_s_ = 0, step_sample_s_ = 0, step_engine_s_ = 0;
   Histogram ttft_, itl_, e2e_;
   std::map<std::string, int64_t> finished_;
 };
