@@ -106,6 +106,32 @@ inline void shares_a_system_prompt(Device d) {
   EXPECT_EQ(run_jobs(e, {job(p.full[3], 3)})[0].cached, 0);
 }
 
+// Requests with one system prompt arriving together (nothing cached yet): the first computes the system
+// prompt, the others wait for it and copy its state, and each still gets the tokens and logprobs it gets
+// alone. With `spare` a free slot holds the first's snapshot; without, they copy the first's own slot.
+inline void shares_in_flight(Device d, bool spare) {
+  auto m = model_load(default_model());
+  const int64_t V = m->config.vocab_size;
+  const int n = spare ? 3 : 4;  // opts: 4 slots
+  const Prompts p(V, n);
+  auto ref_be = make_backend(*m, d);
+  auto be = make_backend(*m, d);
+  Engine e(*be, nullptr, V, opts(true), nullptr);
+  std::vector<JobSpec> jobs;
+  for (int q = 0; q < n; ++q) jobs.push_back(job(p.full[size_t(q)], q));
+  const std::vector<Outcome> got = run_jobs(e, jobs);
+  for (int q = 0; q < n; ++q) {
+    EXPECT_EQ(got[size_t(q)].cached, q == 0 ? 0 : 70) << "request " << q;
+    EXPECT_TRUE(got[size_t(q)] == alone(*ref_be, V, jobs[size_t(q)])) << "request " << q;
+  }
+  // A prompt that shares less than kMinShared tokens with the one in flight does not wait for it.
+  std::vector<int32_t> other(p.system.begin(), p.system.begin() + 20);
+  for (int i = 0; i < 60; ++i) other.push_back(int32_t((i * 37 + 11) % V));
+  const std::vector<Outcome> two = run_jobs(e, {job(p.full[0], 0), job(other, 1)});
+  EXPECT_EQ(two[1].cached, 0);
+  EXPECT_TRUE(two[1] == alone(*ref_be, V, job(other, 1)));
+}
+
 inline void off_reuses_nothing(Device d) {
   auto m = model_load(default_model());
   const int64_t V = m->config.vocab_size;

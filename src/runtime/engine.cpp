@@ -237,6 +237,55 @@ void Engine::snapshot(Seq& s) {
   sn.last_used = ++clock_;
 }
 
+void Engine::share_in_flight(Seq& s) {
+  const auto& p = s.job->spec.prompt;
+  Seq* by = nullptr;
+  int64_t len = 0;
+  for (const auto& r : running_) {
+    if (!r->prefilling() || r->job->spec.prompt_logprobs) continue;
+    const auto& q = r->job->spec.prompt;
+    const size_t n = std::min(p.size(), q.size());
+    const int64_t l = std::mismatch(p.begin(), p.begin() + int64_t(n), q.begin()).first - p.begin();
+    if (l > len) len = l, by = r.get();
+  }
+  // A proper prefix of this prompt (its last token is its own to feed), well past what it reused, that
+  // the other has yet to compute.
+  if (!by || len >= int64_t(p.size()) || len < s.fed + kMinShared || by->fed >= len) return;
+  s.wait_job = by->job;
+  s.wait_until = len;
+  // The other pauses there for a snapshot (unless it already pauses earlier for another).
+  if (by->snap_at <= by->fed || len < by->snap_at) by->snap_at = len;
+}
+
+bool Engine::waits_for_shared(Seq& s) {
+  if (!s.wait_job) return false;
+  for (const auto& r : running_)
+    if (r->job == s.wait_job && r->prefilling() && r->fed < s.wait_until) return true;
+  s.wait_job.reset();
+  // The longest slot state that is a proper prefix of the prompt, well past what s holds: the other's
+  // own slot while it is paused there, or its snapshot.
+  const auto& p = s.job->spec.prompt;
+  int32_t from = -1;
+  size_t len = size_t(s.fed + kMinShared - 1);
+  for (int32_t t = 0; t < int32_t(slots_.size()); ++t) {
+    const auto& h = slots_[size_t(t)].held;
+    if (t == s.slot || h.size() <= len || h.size() >= p.size() || h.back() != p[h.size() - 1]) continue;
+    if (!std::equal(h.begin(), h.end(), p.begin())) continue;
+    from = t;
+    len = h.size();
+  }
+  if (from >= 0) {
+    be_.copy_slot(from, s.slot);
+    slots_[size_t(s.slot)].held = slots_[size_t(from)].held;
+    slots_[size_t(from)].last_used = ++clock_;
+    s.reused += int64_t(len) - s.fed;
+    s.fed = int64_t(len);
+  }
+  if (metrics_ && !s.reuse_counted) metrics_->prefix_cache(int64_t(p.size()), s.reused);
+  s.reuse_counted = true;
+  return false;
+}
+
 // A fork waits while the job it copies is running and has not yet fed all of its prompt but the
 // last token. Once that job went past its prompt (or ended), the fork is admitted as any job.
 bool Engine::waits_for_fork(const Job& j) const {
@@ -275,6 +324,7 @@ void Engine::admit() {
     seq->arrival = seq->job->arrival;
     seq->hold_last = seq->job->spec.forks > 0 && reused < int64_t(prompt.size()) - 1;
     if (shared >= reused + kMinShared && shared < int64_t(seq->job->spec.prompt.size())) seq->snap_at = shared;
+    if (!no_reuse && seq->job->spec.forks == 0 && !seq->job->spec.fork_of) share_in_flight(*seq);
     // A step's logits rows: 1 + drafts per slot, kPromptRows more for prompt_logprobs; never past its tokens.
     const size_t rows = size_t(std::min<int64_t>(int64_t(opt_.max_seqs) * (1 + opt_.mtp_draft) + kPromptRows,
                                                  opt_.max_step_tokens));
@@ -290,9 +340,10 @@ void Engine::admit() {
     slots_[size_t(slot)].busy = true;
     slots_[size_t(slot)].last_used = ++clock_;
     if (metrics_) {
-      metrics_->prefix_cache(int64_t(prompt.size()), reused);
+      if (!seq->wait_job) metrics_->prefix_cache(int64_t(prompt.size()), reused);  // a waiting one: once it goes on
       metrics_->add_prompt_tokens(int64_t(seq->hist.size()));
     }
+    seq->reuse_counted = !seq->wait_job;
     running_.push_back(std::move(seq));
     if (!bad_constraint.empty()) finish(*running_.back(), "error", false, bad_constraint);
   }
@@ -311,6 +362,10 @@ bool Engine::step_once() {
   if (opt_.mtp_draft > 0) make_drafts();
   if (running_.empty()) return true;  // every job ended on a failed draft
   const Clock::time_point t_drafted = Clock::now();
+  // Prompts waiting for another's shared part (before this step's tokens extend any slot's held).
+  std::vector<const Seq*> paused;
+  for (auto& s : running_)
+    if (s->prefilling() && waits_for_shared(*s)) paused.push_back(s.get());
   b_token_.clear(), b_pos_.clear(), b_slot_.clear(), b_logits_.clear(), b_undo_.clear();
   bool speculating = false;
   // The sequence of each logits row, in order, and the prompt position of a prompt_logprobs row
@@ -339,6 +394,7 @@ bool Engine::step_once() {
   int64_t prompt_rows = kPromptRows;  // logits rows left for prompt_logprobs (beyond one per sequence)
   for (auto& s : running_) {
     if (!s->prefilling() || budget <= 0) continue;
+    if (std::find(paused.begin(), paused.end(), s.get()) != paused.end()) continue;
     const auto& p = s->job->spec.prompt;
     const int64_t len = int64_t(p.size());
     const bool every_row = s->job->spec.prompt_logprobs;

@@ -15,6 +15,9 @@
 //      copy (a snapshot is used in place only when it is the last free slot). The state a slot
 //      holds after n tokens is the same however they were chunked (the backends' invariance), so a
 //      request that starts from a snapshot gets the logits it would get from an empty slot;
+//      in flight: prompts admitted together (one system prompt, many requests at once) compute the
+//      shared part once: a later one waits while an earlier one computes it and pauses there for a
+//      snapshot, then copies that state (share_in_flight, waits_for_shared);
 //   3. the batch is every decoding sequence's next token, then prefill chunks of admitted prompts
 //      in admission order until max_step_tokens are used;
 //   4. rows with logits are sampled with the job's own RowSampler (its seed, penalties over prompt +
@@ -211,6 +214,13 @@ class Engine {
   int64_t shared_prefix(const std::vector<int32_t>& prompt) const;
   // Copies s's slot (holding s.fed prompt tokens) into the least recently used free slot as a snapshot.
   void snapshot(Seq& s);
+  // In-flight sharing: when s's prompt shares at least kMinShared tokens beyond s.fed with a prompt
+  // admitted before it that has not computed them yet, s waits for it (Seq::wait_job) and that one
+  // pauses there for a snapshot. Called at admission.
+  void share_in_flight(Seq& s);
+  // Whether s still waits; once not, it copies the longest slot state that is a prefix of its prompt
+  // (and more than kMinShared tokens beyond s.fed) into its own slot.
+  bool waits_for_shared(Seq& s);
   // The least recently used free slot other than `except` (-1: none).
   int32_t lru_free(int32_t except) const;
   // Returns false when the token ended the job (the Seq is gone).

@@ -23,6 +23,11 @@ struct Engine::Seq {
   std::vector<int32_t> drafts;     // MTP: this step's drafts after `pending` (empty: a plain decode)
   bool hold_last = false;          // forks wait for this prompt's state: stop one token short once
   int64_t snap_at = 0;             // prefix caching: the prefill pauses here for a snapshot (0: none)
+  // In-flight sharing: an earlier admitted prompt (wait_job) is computing this prompt's first
+  // wait_until tokens; this one waits, then copies that state (Engine::adopt_shared).
+  std::shared_ptr<Job> wait_job;
+  int64_t wait_until = 0;
+  bool reuse_counted = false;      // its prefix-cache query went to the metrics
   std::vector<TokenOut> prompt_lp; // prompt_logprobs: prompt tokens 1.. so far
   RowSampler sampler;
   StopRule rule;

@@ -140,8 +140,9 @@ std::string Metrics::render() const {
   scalar(o, "engine_steps_total", "counter", "Engine steps run.", lbl, steps_);
   scalar(o, "engine_step_tokens_total", "counter", "Batch rows of the engine's steps (prefill and decode tokens).", lbl,
          step_tokens_);
-  o += "# HELP clawmine:engine_step_seconds_total Engine step time by part: backend (MTP drafts and the step), "
-       "sample (drawing the tokens and handing them out), engine (admission, the batch).\n# TYPE clawmine:engine_step_seconds_total counter\n";
+  o += "# HELP clawmine:engine_step_seconds_total Engine step time by part: backend (MTP drafts and the step; on "
+       "the GPU with device sampling only the kernels' launch), sample (the wait for them, drawing the tokens, handing "
+       "them out), engine (admission, the batch).\n# TYPE clawmine:engine_step_seconds_total counter\n";
   o += fmt::format("clawmine:engine_step_seconds_total{{{},part=\"backend\"}} {}\n", lbl, step_backend_s_);
   o += fmt::format("clawmine:engine_step_seconds_total{{{},part=\"sample\"}} {}\n", lbl, step_sample_s_);
   o += fmt::format("clawmine:engine_step_seconds_total{{{},part=\"engine\"}} {}\n", lbl, step_engine_s_);

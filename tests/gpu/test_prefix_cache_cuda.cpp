@@ -11,3 +11,8 @@ TEST(PrefixCacheCuda, OffReusesNothing) {
   CM_SKIP_WITHOUT_GPU();
   prefix_cache_suite::off_reuses_nothing(cm::Device::CUDA);
 }
+TEST(PrefixCacheCuda, SharedInFlight) {
+  CM_SKIP_WITHOUT_GPU();
+  prefix_cache_suite::shares_in_flight(cm::Device::CUDA, true);
+  prefix_cache_suite::shares_in_flight(cm::Device::CUDA, false);
+}
