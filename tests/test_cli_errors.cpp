@@ -72,3 +72,17 @@ TEST(CliErrors, ThreadsBeyondCoresWarn) {
   RunResult ok = cm_run({"generate", "-p", "x", "-n", "1", "-t", "1"});
   EXPECT_FALSE(has(ok.err, "exceeds")) << ok.err;
 }
+
+// --kv-cache-dtype: fp8 runs on the CPU backend; the CUDA backend refuses it by name before loading;
+// an unknown value is a value error naming the choices.
+TEST(CliErrors, KvCacheDtype) {
+  RunResult ok = cm_run({"generate", "-p", "Once", "-n", "4", "--device", "cpu", "--kv-cache-dtype", "fp8", "--temp", "0"});
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_FALSE(ok.out.empty());
+  RunResult gpu = cm_run({"generate", "-p", "Once", "-n", "4", "--device", "cuda", "--kv-cache-dtype", "fp8"});
+  EXPECT_EQ(gpu.code, 1);
+  EXPECT_TRUE(has(gpu.err, "--kv-cache-dtype fp8: not built for the CUDA backend yet")) << gpu.err;
+  RunResult bad = cm_run({"generate", "-p", "Once", "--kv-cache-dtype", "int4"});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_TRUE(has(bad.err, "--kv-cache-dtype")) << bad.err;
+}

@@ -28,6 +28,7 @@ struct EngineOptions {
   bool enforce_eager = false;      // --enforce-eager (CUDA: no graphs)   env CLAWMINE_ENFORCE_EAGER
   bool concurrent_branches = true; // --no-concurrent-branches (CUDA: one stream)   env CLAWMINE_CONCURRENT_BRANCHES
   bool fast_prefill = false;       // --fast-prefill (CUDA: not batch-invariant)   env CLAWMINE_FAST_PREFILL
+  std::string kv_cache_dtype = "auto"; // --kv-cache-dtype auto|fp8|fp8_e4m3   env CLAWMINE_KV_CACHE_DTYPE
   bool sample_on_device = true;    // --sample-on-device / --no-sample-on-device   env CLAWMINE_SAMPLE_ON_DEVICE
   int32_t mtp = 0;                 // --mtp K (generate, chat, serve): MTP drafts per step   env CLAWMINE_MTP
   std::string load_format = "auto"; // --load-format auto|dummy (dummy: random weights of config.json's shape)

@@ -91,6 +91,10 @@ struct LinearInputObserver {
   virtual void observe_input(const LinearWeight& w, const float* x, int64_t m, int64_t ldx) = 0;
 };
 
+// The per-slot attention cache's precision: AUTO, the backend's own (CPU f32, CUDA bf16); FP8, rows,
+// compressed entries and indexer keys rounded to the FP8 cache layout (ops/kv_quant.h).
+enum class KvCache { AUTO, FP8 };
+
 // Behaviour of a backend, fixed when it is made.
 struct BackendOptions {
   Observer* observer = nullptr;                  // sees every named intermediate (--layer-stats, dumps)
@@ -112,6 +116,7 @@ struct BackendOptions {
   // FP8/NVFP4 linears as BF16-expanded cuBLAS GEMMs — faster prefill, but a row's logits then depend
   // on the step it was computed in. Decode steps (256 rows or fewer) are the same either way.
   bool batch_invariant = true;
+  KvCache kv_cache = KvCache::AUTO;              // --kv-cache-dtype auto|fp8 (CPU only, for now)
   LinearInputObserver* linear_inputs = nullptr;  // CPU: sees every linear's input (calibration)
   ActQuant act_quant = ActQuant::NONE;           // CPU: W4A4 emulation of NVFP4 linears
   // CPU: expert parallelism over ep_comm's ranks (null or one rank: off). Rank r owns the

@@ -175,4 +175,19 @@ TEST(CudaBackendRefuses, ExpertParallelismItDoesNotRun) {
   }
 }
 
+// The FP8 KV cache runs on the CPU backend only for now: the CUDA backend says so rather than run bf16.
+TEST(CudaBackendRefuses, Fp8KvCacheItDoesNotRun) {
+  if (!device_available(Device::CUDA)) GTEST_SKIP() << "no CUDA device";
+  auto m = model_load(seam_suite::kData + "/golden/hf_text");
+  BackendOptions o;
+  o.kv_cache = KvCache::FP8;
+  try {
+    make_backend(*m, Device::CUDA, o);
+    ADD_FAILURE() << "--kv-cache-dtype fp8 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-cache-dtype fp8 is not built for the CUDA backend"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace

@@ -22,6 +22,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
+#include "ops/kv_quant.h"
 #include "ops/norm.h"
 
 namespace cm {
@@ -34,11 +35,13 @@ namespace {
 // c = 1, the block itself; a gate is its raw row + ape[position mod m]). The
 // pending rings keep the last c·m positions (row p mod c·m), so the previous
 // block is still there when the next one completes. Entry i is normed and
-// RoPE'd at position i·m. Returns the index of the first entry written and
-// sets *written.
+// RoPE'd at position i·m, then rounded as the FP8 cache stores it (round: an
+// attention entry, an indexer key, or none). Returns the index of the first
+// entry written and sets *written.
+enum class EntryRound { NONE, KV, INDEX_KEY };
 int64_t compressor_feed(const CompressorWeights& cw, CompressorSlot& cs, int64_t m, int64_t c, int64_t dc, float eps,
                         const RopeTable& rope, const float* kv, const float* gate, const Segment& s,
-                        CpuActivations& a, int64_t* written) {
+                        CpuActivations& a, EntryRound round, int64_t* written) {
   const int64_t width = c * dc, cm = c * m;
   *written = 0;
   for (int64_t i = 0; i < s.n; ++i) {
@@ -77,6 +80,8 @@ int64_t compressor_feed(const CompressorWeights& cw, CompressorSlot& cs, int64_t
     compress_pool_cpu(pk, pg, slots, dc, a.entry.data());
     rms_norm_cpu(a.entry.data(), cw.norm.data(), 1, dc, eps, entry);
     rope_apply_cpu(entry, 1, dc, blk * m, rope, false);
+    if (round == EntryRound::KV) kv_fp8_round_cpu(entry, 1, dc, rope.rope_dim);
+    if (round == EntryRound::INDEX_KEY) index_key_fp8_round_cpu(entry, 1, dc);
     ++*written;
   }
   return s.pos0 / m;  // the block holding the segment's first position is the first one completed
@@ -92,6 +97,8 @@ void attention_kv(CpuBackend& be, const LayerWeights& lw, const RopeTable& rope,
   rms_norm_cpu(kv, lw.kv_norm.data(), n, hd, c.rms_norm_eps, kv);
 #pragma omp parallel for schedule(static) if (n >= 64)
   for (int64_t t = 0; t < n; ++t) rope_apply_cpu(kv + t * hd, 1, hd, pos[t], rope, false);
+  // The FP8 cache: the rows this step attends to are the ones the window keeps.
+  if (be.options().kv_cache == KvCache::FP8) kv_fp8_round_cpu(kv, n, hd, rope.rope_dim);
 }
 
 void attention_block(CpuBackend& be, int64_t L, const float* x, float* out) {
@@ -130,15 +137,17 @@ void attention_block(CpuBackend& be, int64_t L, const float* x, float* out) {
       be.linear(lw.indexer->wq_b, qr, N, a.iq.data());
       be.linear(lw.indexer->weights_proj, x, N, a.iw.data());
     }
+    const bool fp8 = be.options().kv_cache == KvCache::FP8;
     for (const Segment& s : be.plan()) {
       LayerSlot ls = be.layer_slot(s.slot, L);
       int64_t n_new = 0;
       const int64_t first = compressor_feed(*lw.compressor, ls.comp, m, cc, hd, eps, mdl.rope_compress, a.ckv.data(),
-                                            a.cgate.data(), s, a, &n_new);
+                                            a.cgate.data(), s, a, fp8 ? EntryRound::KV : EntryRound::NONE, &n_new);
       if (n_new > 0) be.note_slot("entries", L, s, ls.comp.entries + first * hd, n_new, hd, {hd});
       if (kind == AttnKind::CSA) {
         const int64_t ifirst = compressor_feed(lw.indexer->comp, ls.index, m, 2, ihd, eps, mdl.rope_compress,
-                                               a.ikv.data(), a.igate.data(), s, a, &n_new);
+                                               a.ikv.data(), a.igate.data(), s, a,
+                                               fp8 ? EntryRound::INDEX_KEY : EntryRound::NONE, &n_new);
         if (n_new > 0) be.note_slot("index_keys", L, s, ls.index.entries + ifirst * ihd, n_new, ihd, {ihd});
       }
     }

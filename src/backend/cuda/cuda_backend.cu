@@ -32,6 +32,8 @@ CudaBackend::CudaBackend(const Model& m, const BackendOptions& opt, std::unique_
     : m_(m), opt_(opt), obs_(opt.observer), timer_(timer) {
   if (opt.linear_inputs) cuda::throw_error("cuda: the linear-input observer (calibration) runs on the CPU backend only");
   if (opt.act_quant != ActQuant::NONE) cuda::throw_error("cuda: W4A4 emulation runs on the CPU backend only");
+  if (opt.kv_cache != KvCache::AUTO)
+    cuda::throw_error("cuda: --kv-cache-dtype fp8 is not built for the CUDA backend yet (the CPU backend has it)");
   // Expert parallelism is not built here yet: refuse it rather than run a rank's experts as all of them.
   CM_CU_CHECK(!opt.ep_comm || opt.ep_comm->size() <= 1,
               "cuda: expert parallelism over %d ranks (BackendOptions::ep_comm) is not built for the CUDA backend "
