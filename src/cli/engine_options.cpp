@@ -243,6 +243,7 @@ std::unique_ptr<ModelBackend> unreserved_backend(const EngineOptions& o, const M
   bo.batch_invariant = !o.fast_prefill;
   bo.kv_cache = o.kv_cache_dtype == "auto" ? KvCache::AUTO : KvCache::FP8;
   const Device d = resolved_device(o);
+  // The CUDA backend refuses it too; saying so here spares loading (or generating) the weights first.
   if (bo.kv_cache != KvCache::AUTO && d == Device::CUDA)
     fail("--kv-cache-dtype {}: not built for the CUDA backend yet (the CPU backend has it: --device cpu)",
          o.kv_cache_dtype);

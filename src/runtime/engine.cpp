@@ -281,8 +281,7 @@ bool Engine::waits_for_shared(Seq& s) {
     s.reused += int64_t(len) - s.fed;
     s.fed = int64_t(len);
   }
-  if (metrics_ && !s.reuse_counted) metrics_->prefix_cache(int64_t(p.size()), s.reused);
-  s.reuse_counted = true;
+  if (metrics_) metrics_->prefix_cache(int64_t(p.size()), s.reused);  // its query, held back at admission
   return false;
 }
 
@@ -343,7 +342,6 @@ void Engine::admit() {
       if (!seq->wait_job) metrics_->prefix_cache(int64_t(prompt.size()), reused);  // a waiting one: once it goes on
       metrics_->add_prompt_tokens(int64_t(seq->hist.size()));
     }
-    seq->reuse_counted = !seq->wait_job;
     running_.push_back(std::move(seq));
     if (!bad_constraint.empty()) finish(*running_.back(), "error", false, bad_constraint);
   }
@@ -362,10 +360,10 @@ bool Engine::step_once() {
   if (opt_.mtp_draft > 0) make_drafts();
   if (running_.empty()) return true;  // every job ended on a failed draft
   const Clock::time_point t_drafted = Clock::now();
-  // Prompts waiting for another's shared part (before this step's tokens extend any slot's held).
-  std::vector<const Seq*> paused;
+  // Prompts waiting for another's shared part (before this step's tokens extend any slot's held):
+  // those still waiting keep their wait_job and feed nothing this step.
   for (auto& s : running_)
-    if (s->prefilling() && waits_for_shared(*s)) paused.push_back(s.get());
+    if (s->prefilling()) waits_for_shared(*s);
   b_token_.clear(), b_pos_.clear(), b_slot_.clear(), b_logits_.clear(), b_undo_.clear();
   bool speculating = false;
   // The sequence of each logits row, in order, and the prompt position of a prompt_logprobs row
@@ -394,7 +392,7 @@ bool Engine::step_once() {
   int64_t prompt_rows = kPromptRows;  // logits rows left for prompt_logprobs (beyond one per sequence)
   for (auto& s : running_) {
     if (!s->prefilling() || budget <= 0) continue;
-    if (std::find(paused.begin(), paused.end(), s.get()) != paused.end()) continue;
+    if (s->wait_job) continue;
     const auto& p = s->job->spec.prompt;
     const int64_t len = int64_t(p.size());
     const bool every_row = s->job->spec.prompt_logprobs;

@@ -218,8 +218,8 @@ class Engine {
   // admitted before it that has not computed them yet, s waits for it (Seq::wait_job) and that one
   // pauses there for a snapshot. Called at admission.
   void share_in_flight(Seq& s);
-  // Whether s still waits; once not, it copies the longest slot state that is a prefix of its prompt
-  // (and more than kMinShared tokens beyond s.fed) into its own slot.
+  // Whether s still waits; once not (wait_job cleared, once), it copies the longest slot state that is a
+  // prefix of its prompt (and at least kMinShared tokens beyond s.fed) into its own slot.
   bool waits_for_shared(Seq& s);
   // The least recently used free slot other than `except` (-1: none).
   int32_t lru_free(int32_t except) const;

@@ -24,10 +24,10 @@ struct Engine::Seq {
   bool hold_last = false;          // forks wait for this prompt's state: stop one token short once
   int64_t snap_at = 0;             // prefix caching: the prefill pauses here for a snapshot (0: none)
   // In-flight sharing: an earlier admitted prompt (wait_job) is computing this prompt's first
-  // wait_until tokens; this one waits, then copies that state (Engine::adopt_shared).
+  // wait_until tokens; this one waits (feeds nothing) while wait_job is set, then copies that state
+  // (Engine::waits_for_shared, which clears it once).
   std::shared_ptr<Job> wait_job;
   int64_t wait_until = 0;
-  bool reuse_counted = false;      // its prefix-cache query went to the metrics
   std::vector<TokenOut> prompt_lp; // prompt_logprobs: prompt tokens 1.. so far
   RowSampler sampler;
   StopRule rule;
