@@ -86,3 +86,14 @@ TEST(CliErrors, KvCacheDtype) {
   EXPECT_EQ(bad.code, 1);
   EXPECT_TRUE(has(bad.err, "--kv-cache-dtype")) << bad.err;
 }
+
+// serve --gpus N before anything loads: a build without NCCL, or without a GPU, says so by name.
+TEST(CliErrors, GpusNamesWhatIsMissing) {
+  RunResult r = cm_run({"serve", "--gpus", "2", "--device", "cpu", "--port", "0"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(has(r.err, "--gpus")) << r.err;
+  EXPECT_TRUE(has(r.err, "NCCL") || has(r.err, "--device cuda")) << r.err;
+  RunResult bad = cm_run({"serve", "--gpus", "-3"});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_TRUE(has(bad.err, "--gpus")) << bad.err;
+}

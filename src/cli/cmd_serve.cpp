@@ -17,6 +17,7 @@
 
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "cli/serve_ranks.h"
 #include "cli/version.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -31,6 +32,7 @@
 #include "tokenizer/tokenizer.h"
 #include "runtime/layer_stats.h"
 #include "factory/factory.h"
+#include "factory/leader_backend.h"
 
 namespace {
 
@@ -43,6 +45,7 @@ struct Opts {
   int32_t max_seqs = 0, max_step_tokens = 0;
   int64_t ctx = 0;
   bool prefix_caching = true;
+  int gpus = 0;  // --gpus N: expert parallelism over N GPUs (0: one GPU, no NCCL)
 };
 
 // Request defaults from generation_config.json: only the sampling fields the file states
@@ -85,6 +88,10 @@ int run(Opts& o) {
   o.http.version = v.version;
   o.http.commit = v.commit;
 
+  // Several GPUs: this process's rank (the others follow rank 0's calls and never serve HTTP).
+  std::unique_ptr<cm::cli::ServeRanks> ranks = cm::cli::start_ranks(o.eng, o.gpus);
+  if (ranks && ranks->env.rank != 0) return cm::cli::follow(*ranks, o.eng);
+
   auto model = cm::cli::load_model(o.eng);
   const cm::Config& c = model->config;
   if (o.ctx != 0 && (o.ctx < 2 || o.ctx > c.max_position_embeddings))
@@ -93,9 +100,18 @@ int run(Opts& o) {
   cm::LayerStatsObserver stats(stderr);
   // The shared flags pick the device (--device auto|cpu|cuda); what is left at 0 is sized to it.
   cm::runtime::Sizing sized;
-  std::unique_ptr<cm::ModelBackend> backend = cm::cli::make_backend(
-      o.eng, *model, &stats, cm::runtime::SizingRequest{o.max_seqs, o.max_step_tokens, o.ctx, c.max_position_embeddings},
-      &sized);
+  const cm::runtime::SizingRequest req{o.max_seqs, o.max_step_tokens, o.ctx, c.max_position_embeddings};
+  std::unique_ptr<cm::ModelBackend> local;
+  std::unique_ptr<cm::LeaderBackend> lead;  // over ranks: forwards reserve and every step to the others
+  if (ranks) {
+    local = cm::cli::unreserved_backend(o.eng, *model, &stats);
+    sized = cm::runtime::size_reservation(*local, req);
+    lead = std::make_unique<cm::LeaderBackend>(*local, *ranks->comm);
+    lead->reserve(sized.shape);
+  } else {
+    local = cm::cli::make_backend(o.eng, *model, &stats, req, &sized);
+  }
+  cm::ModelBackend* backend = lead ? static_cast<cm::ModelBackend*>(lead.get()) : local.get();
   const cm::CacheShape shape = sized.shape;
   o.max_seqs = shape.max_slots, o.max_step_tokens = shape.max_step_tokens, o.ctx = shape.max_ctx;
   if (!sized.why.empty()) spdlog::info("clawmine serve: {}", sized.why);
@@ -115,6 +131,7 @@ int run(Opts& o) {
   eo.sample_on_device = o.eng.sample_on_device;
   eo.mtp_draft = o.eng.mtp;
   eo.prefix_caching = o.prefix_caching;
+  if (lead) eo.on_idle = [&lead] { lead->keepalive(); };  // the followers' wait for a call would time out
   eo.eos_ids = cm::runtime::end_of_sequence_ids(c, &tok, cm::load_generation_config(o.eng.model));
 
   // One grammar compiler per server (structured output): the tokenizer's bytes padded to the logits
@@ -161,6 +178,9 @@ cm::cli::CommandRegistrar reg(
        app.add_option("--api-key", o->http.api_key, "Require Authorization: Bearer KEY on /v1 and /(de)tokenize")
            ->envname("CLAWMINE_API_KEY");
        app.add_option("--served-model-name", o->http.model_name, "Model name in the API (default: the model folder's name)");
+       app.add_option("--gpus", o->gpus,
+                      "Expert parallelism over N GPUs, one process each: this one is rank 0 and starts the others "
+                      "(under torchrun/mpirun/srun their RANK and WORLD_SIZE are used instead)");
        app.add_option("--max-seqs", o->max_seqs,
                       "Sequences decoded together (slots; default: on the GPU as many as fit the memory left after "
                       "the weights, at most 256; on the CPU 8)");

@@ -179,6 +179,7 @@ std::unique_ptr<Model> load_model(EngineOptions& o) {
   omp_set_num_threads(o.threads_used);
   LoadOptions lo;
   lo.linear.allow_missing_input_scale = o.derive_input_scale;
+  lo.experts = o.experts;
   lo.mtp = o.mtp > 0;  // the MTP block's weights are read only when something drafts with them
   const bool tty = ::isatty(STDERR_FILENO);
   if (tty) {
@@ -232,7 +233,6 @@ Device resolved_device(const EngineOptions& o) {
   return o.device == "cpu" ? Device::CPU : o.device == "cuda" ? Device::CUDA : (gpu_present() ? Device::CUDA : Device::CPU);
 }
 
-namespace {
 std::unique_ptr<ModelBackend> unreserved_backend(const EngineOptions& o, const Model& m, Observer* stats) {
   BackendOptions bo;
   bo.observer = o.layer_stats ? stats : nullptr;
@@ -242,6 +242,8 @@ std::unique_ptr<ModelBackend> unreserved_backend(const EngineOptions& o, const M
   bo.concurrent_branches = o.concurrent_branches;
   bo.batch_invariant = !o.fast_prefill;
   bo.kv_cache = o.kv_cache_dtype == "auto" ? KvCache::AUTO : KvCache::FP8;
+  bo.ep_comm = o.ep_comm;
+  bo.cuda_device = o.cuda_device;
   const Device d = resolved_device(o);
   // The CUDA backend refuses it too; saying so here spares loading (or generating) the weights first.
   if (bo.kv_cache != KvCache::AUTO && d == Device::CUDA)
@@ -257,7 +259,6 @@ std::unique_ptr<ModelBackend> unreserved_backend(const EngineOptions& o, const M
   }
   return cm::make_backend(m, d, bo);
 }
-}  // namespace
 
 std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& m, Observer* stats, CacheShape shape) {
   std::unique_ptr<ModelBackend> be = unreserved_backend(o, m, stats);

@@ -33,6 +33,11 @@ struct EngineOptions {
   int32_t mtp = 0;                 // --mtp K (generate, chat, serve): MTP drafts per step   env CLAWMINE_MTP
   std::string load_format = "auto"; // --load-format auto|dummy (dummy: random weights of config.json's shape)
   int64_t num_layers = 0;          // --num-layers N (dummy weights: the first N layers; 0 = all)
+  // Set by the multi-GPU launch (serve --gpus, cli/serve_ranks.h), not by flags: this rank's routed
+  // experts, its GPU and the expert-parallel communicator.
+  ExpertRange experts;
+  int cuda_device = 0;
+  Comm* ep_comm = nullptr;
   CLI::Option* model_flag = nullptr;
   double load_seconds = 0;         // set by load_model
   int threads_used = 0;            // set by load_model
@@ -76,6 +81,8 @@ std::unique_ptr<Model> load_model(EngineOptions& o);
 // Where the model runs: --device cpu|cuda, or auto (cuda when a GPU is present).
 Device resolved_device(const EngineOptions& o);
 std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& m, Observer* stats, CacheShape shape);
+// The backend before reserve() (the multi-GPU launch reserves it through a LeaderBackend).
+std::unique_ptr<ModelBackend> unreserved_backend(const EngineOptions& o, const Model& m, Observer* stats);
 // The same with the shape chosen by runtime::size_reservation (what `sizing` leaves at 0 follows from
 // the device's memory); the shape reserved, and why, in *sized.
 std::unique_ptr<ModelBackend> make_backend(const EngineOptions& o, const Model& m, Observer* stats,

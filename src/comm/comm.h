@@ -3,7 +3,7 @@
 // Comm is the one interface the engine talks to; two implementations:
 //   ThreadComm  in-process threads standing in for 2–8 ranks (CPU tests, CI):
 //               every rank is a std::thread holding its own Comm of one group.
-//   NcclComm    one process per GPU over NCCL (backend/cuda/comm_nccl.cpp, only
+//   NcclComm    one process per GPU over NCCL (backend/cuda/comm/comm_nccl.cpp, only
 //               in CUDA builds with NCCL); buffers are device pointers there.
 // Every collective is called by every rank of the group in the same order
 // (NCCL's rule); a call returns when the rank's output buffer is complete.
@@ -40,6 +40,14 @@ class Comm {
   // from each peer q in order (recv_counts[q] must equal peer q's send_counts[rank]).
   virtual void all_to_allv(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
                            CommType t) = 0;
+
+  // Stream order (device communicators only: NcclComm, the in-process DeviceComm): enqueue
+  // buf[n] = Σ_ranks buf[n] on the CUDA stream `stream` (a cudaStream_t) and return at once; the
+  // sum is in buf when the stream gets past it. Every rank enqueues the same calls in the same
+  // order; a CUDA graph may capture them (no host synchronisation). Host communicators
+  // (ThreadComm) have none: stream_ordered() is false and the call is an error.
+  virtual bool stream_ordered() const { return false; }
+  virtual void all_reduce_sum_on(void* stream, void* buf, int64_t n, CommType t);
 
   // Typed conveniences.
   void all_reduce_sum(float* b, int64_t n) { all_reduce_sum(b, n, CommType::F32); }

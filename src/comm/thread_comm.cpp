@@ -179,4 +179,10 @@ std::vector<std::unique_ptr<Comm>> make_thread_comms(int ranks, double timeout_s
   return out;
 }
 
+void Comm::all_reduce_sum_on(void*, void*, int64_t, CommType) {
+  fail("Comm rank {} of {}: this communicator has no stream-ordered collectives (a host communicator; the CUDA "
+       "backend's expert parallelism needs a device one)",
+       rank(), size());
+}
+
 }  // namespace cm

@@ -102,6 +102,9 @@ struct BackendOptions {
   // activations, workspaces), in (0, 1]; loading and reserve() refuse what does not fit in
   // min(free, utilization·total) (vLLM's --gpu-memory-utilization).
   double gpu_memory_utilization = 0.9;
+  // CUDA: the device this backend's weights, state and streams live on (one GPU per expert-parallel
+  // rank: the launcher's LOCAL_RANK).
+  int cuda_device = 0;
   // CUDA: replay each step of up to 256 rows as a CUDA graph captured once per (rows, logits rows)
   // (same kernels, same bits as eager); false runs every kernel launch eagerly (--enforce-eager).
   bool cuda_graphs = true;

@@ -34,27 +34,53 @@ CudaBackend::CudaBackend(const Model& m, const BackendOptions& opt, std::unique_
   if (opt.act_quant != ActQuant::NONE) cuda::throw_error("cuda: W4A4 emulation runs on the CPU backend only");
   if (opt.kv_cache != KvCache::AUTO)
     cuda::throw_error("cuda: --kv-cache-dtype fp8 is not built for the CUDA backend yet (the CPU backend has it)");
-  // Expert parallelism is not built here yet: refuse it rather than run a rank's experts as all of them.
-  CM_CU_CHECK(!opt.ep_comm || opt.ep_comm->size() <= 1,
-              "cuda: expert parallelism over %d ranks (BackendOptions::ep_comm) is not built for the CUDA backend "
-              "yet; one GPU runs every routed expert",
-              opt.ep_comm ? opt.ep_comm->size() : 1);
-  CM_CU_CHECK(dm || (m.weights.experts_first == 0 && m.weights.experts_end == m.config.n_routed_experts),
-              "cuda: the model holds routed experts [%lld, %lld) of %lld (LoadOptions::experts); the CUDA backend "
-              "runs all of them, so load the model whole",
-              (long long)m.weights.experts_first, (long long)m.weights.experts_end,
-              (long long)m.config.n_routed_experts);
+  // Expert parallelism (every rank the same batch, this rank's share of the routed experts): the
+  // exchange is a stream-ordered all-reduce, so the communicator must be a device one.
+  const int R = opt.ep_comm ? opt.ep_comm->size() : 1, rank = opt.ep_comm ? opt.ep_comm->rank() : 0;
+  const int64_t E = m.config.n_routed_experts;
+  if (R > 1) {
+    CM_CU_CHECK(opt.ep_comm->stream_ordered(),
+                "cuda: expert parallelism over %d ranks needs a device communicator (NCCL, or the in-process "
+                "DeviceComm); this one has only host collectives",
+                R);
+    CM_CU_CHECK(!opt.ep_data_parallel,
+                "cuda: data-parallel attention with expert parallelism (ep_data_parallel) runs on the CPU backend "
+                "only; the CUDA backend runs every rank's batch replicated");
+  }
+  const int64_t want0 = expert_first(E, rank, R), want1 = expert_first(E, rank + 1, R);
+  // The model may hold more than this rank's share (in-process ranks share one whole model); the
+  // device gets exactly the share.
+  CM_CU_CHECK(dm || (m.weights.experts_first <= want0 && m.weights.experts_end >= want1),
+              "cuda: rank %d of %d runs routed experts [%lld, %lld) of %lld but the model holds [%lld, %lld) "
+              "(LoadOptions::experts)",
+              rank, R, (long long)want0, (long long)want1, (long long)E, (long long)m.weights.experts_first,
+              (long long)m.weights.experts_end);
+  CM_CU_CHECK(opt.cuda_device >= 0 && opt.cuda_device < cuda::device_count(), "cuda: no CUDA device %d (found %d)",
+              opt.cuda_device, cuda::device_count());
+  CM_CUDA(cudaSetDevice(opt.cuda_device));  // the weights below go to this device
   // The weights first: a model that does not fit is refused before anything is allocated.
   // A prebuilt device model (the synthetic bench builds it a layer at a time) is taken as is.
-  dm_ = dm ? std::move(dm) : cuda::upload_model(m, kWorkingBytes, opt.gpu_memory_utilization);
+  dm_ = dm ? std::move(dm)
+           : cuda::upload_model(m, kWorkingBytes, opt.gpu_memory_utilization, ExpertRange{want0, want1 - want0});
   CM_CU_CHECK(dm_->layers.size() == size_t(m.config.num_layers), "cuda: the device model has %zu layers, the config %lld",
               dm_->layers.size(), (long long)m.config.num_layers);
+  if (R > 1) {
+    CM_CU_CHECK(!dm_->mtp, "cuda: MTP with expert parallelism is not supported yet");
+    for (size_t L = 0; L < dm_->layers.size(); ++L) {
+      const cuda::DevLayer& l = dm_->layers[L];
+      const int64_t f = l.experts ? l.experts->first : l.dense_first;
+      const int64_t k = l.experts ? l.experts->count : int64_t(l.dense_experts.size());
+      CM_CU_CHECK(f == want0 && k == want1 - want0,
+                  "cuda: rank %d of %d: layer %zu holds routed experts [%lld, %lld), not its share [%lld, %lld)", rank,
+                  R, L, (long long)f, (long long)(f + k), (long long)want0, (long long)want1);
+    }
+  }
   // The split-K workspace, and panel scratch only for --fast-prefill (the batch-invariant step never
   // takes the cuBLAS path).
-  ctx_ = std::make_unique<Context>(0, true, opt.batch_invariant ? 0 : cuda::fast_prefill_panel_bytes(*dm_));
+  ctx_ = std::make_unique<Context>(opt.cuda_device, true, opt.batch_invariant ? 0 : cuda::fast_prefill_panel_bytes(*dm_));
   ctx_->set_timer(timer_);  // the step's OpScopes record into it
   if (opt.concurrent_branches) {  // the side stream's ops are not timed: the per-op timer runs without branches
-    side_ctx_ = std::make_unique<Context>(0, true, 0);
+    side_ctx_ = std::make_unique<Context>(opt.cuda_device, true, 0);
     CM_CUDA(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
     CM_CUDA(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
   }
@@ -370,6 +396,12 @@ bool CudaBackend::run_graph(int64_t n, int64_t R, int64_t n_mtp) {
 }
 
 bool cuda_backend_available() { return cuda::device_count() > 0; }
+
+void cuda_use_device(int index) {
+  CM_CU_CHECK(index >= 0 && index < cuda::device_count(), "cuda: no CUDA device %d (found %d)", index,
+              cuda::device_count());
+  CM_CUDA(cudaSetDevice(index));
+}
 
 std::unique_ptr<ModelBackend> make_cuda_backend(const Model& m, const BackendOptions& opt) {
   return std::make_unique<CudaBackend>(m, opt);

@@ -42,6 +42,8 @@ std::unique_ptr<ModelBackend> make_cuda_backend(const Model& m, std::unique_ptr<
                                                 cuda::OpTimer* timer, const BackendOptions& opt = {});
 // True when this build has the CUDA backend and a CUDA device is present.
 bool cuda_backend_available();
+// Makes device `index` this thread's current one (a rank's GPU, before NCCL joins it); fails naming it.
+void cuda_use_device(int index);
 // Test hook: the device-to-host copies a CUDA backend has made so far (throws for another backend).
 size_t cuda_backend_host_copies(const ModelBackend& be);
 

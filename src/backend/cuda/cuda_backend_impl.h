@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/core/cuda_util.h"
+#include "comm/comm.h"
 #include "backend/cuda/core/op_timer.h"
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/device_observer.h"
@@ -65,6 +66,11 @@ class CudaBackend final : public ModelBackend {
   void sample_last_step(const StepSampling& s) override;
   int64_t max_sample_rows() const override { return sample_.rows; }
   bool has_mtp() const override { return dm_->mtp != nullptr; }
+  // Expert-parallel ranks (BackendOptions::ep_comm; 1 = every routed expert on this GPU).
+  int ep_ranks() const { return opt_.ep_comm ? opt_.ep_comm->size() : 1; }
+  // The MoE exchanges routed-expert rows over a device communicator (any rank count: one NCCL or
+  // DeviceComm rank runs the same path, its all-reduce then a copy).
+  bool ep_exchange() const { return opt_.ep_comm && opt_.ep_comm->stream_ordered(); }
   void draft(const DraftRequest& r) override;  // cuda_mtp_block.cu
   size_t host_copies() const { return obs_.host_copies(); }
 

@@ -2,6 +2,7 @@
 #include "backend/cuda/cuda_backend_impl.h"
 
 #include "backend/cuda/core/cuda_errors.h"
+#include "comm/comm.h"
 #include "ops/router.h"
 #include "ops/swiglu.h"
 
@@ -61,25 +62,40 @@ void CudaBackend::moe(int64_t L, int64_t n) {
   if (lw.experts) {
     // Packed FP4 experts (on the norm's bf16 copy): routing lists, gate/up + SwiGLU, down, k-ordered
     // combine on the device.
+    // Expert parallelism: this rank's experts only, their rows summed over the ranks before the combine.
+    const cuda::MoeExchange ex{this, [](void* self, float* yk, int64_t count) {
+                                 auto* be = static_cast<CudaBackend*>(self);
+                                 be->opt_.ep_comm->all_reduce_sum_on(be->ctx_->stream(), yk, count, CommType::F32);
+                               }};
     {
       cuda::OpScope op(ctx, "moe_nvfp4 (routed experts)");
-      cuda::moe_nvfp4(ctx, *lw.experts, *moe_scratch_, normed_bf, int(n), eidx, ew, routed);
+      cuda::moe_nvfp4(ctx, *lw.experts, *moe_scratch_, normed_bf, int(n), eidx, ew, routed, cuda::MoePath::automatic,
+                      ep_exchange() ? &ex : nullptr);
     }
   } else {
     // Experts as separate linears: each over every row, added with the row's weight for it
-    // (0 when not chosen) in ascending expert order, as the CPU sums.
+    // (0 when not chosen) in ascending expert order, as the CPU sums. Expert parallelism keeps
+    // that one chain of additions: in round q rank q adds its experts to the sum so far and the
+    // others hold +0, so the all-reduce hands every rank rank q's partial sum exactly.
     float *we = P<float>(a.we), *ey = P<float>(a.ey);
     {
       cuda::OpScope op(ctx, "moe_expert_weights");
       cuda::moe_expert_weights(ctx, eidx, ew, n, K, E, we);
       CM_CUDA(cudaMemsetAsync(routed, 0, size_t(n * D) * 4, ctx.stream()));
     }
-    for (int64_t e = 0; e < E; ++e) {
-      expert(lw.dense_experts[size_t(e)], normed, normed_bf, n, ey);
-      {
-        cuda::OpScope op(ctx, "axpy_rows");
-        cuda::axpy_rows(ctx, we + e * n, ey, n, D, routed);
+    const int R = ep_ranks(), rank = R > 1 ? opt_.ep_comm->rank() : 0;
+    for (int q = 0; q < R; ++q) {
+      if (q == rank) {
+        for (size_t i = 0; i < lw.dense_experts.size(); ++i) {
+          const int64_t e = lw.dense_first + int64_t(i);
+          expert(lw.dense_experts[i], normed, normed_bf, n, ey);
+          cuda::OpScope op(ctx, "axpy_rows");
+          cuda::axpy_rows(ctx, we + e * n, ey, n, D, routed);
+        }
+      } else {
+        CM_CUDA(cudaMemsetAsync(routed, 0, size_t(n * D) * 4, ctx.stream()));
       }
+      if (ep_exchange()) opt_.ep_comm->all_reduce_sum_on(ctx.stream(), routed, n * D, CommType::F32);
     }
   }
   note("moe_routed", L, routed, false, D, {D});

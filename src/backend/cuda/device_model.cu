@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <utility>
 
 #include "backend/cuda/core/cuda_errors.h"
 #include "backend/cuda/step/step_kernels.h"
@@ -25,10 +26,21 @@ size_t f32_bytes(const std::vector<float>& v) { return v.size() * 4; }
 size_t hc_bytes(const HcWeights& h) { return f32_bytes(h.fn) + f32_bytes(h.base) + f32_bytes(h.scale); }
 
 // Routed experts go to the packed MoE kernels when they are FP4 and the kernels take their shape.
+// The routed experts a layer holds, [first, end): all of them, or one rank's share (LoadOptions::experts;
+// the others' weights are empty). {0, 0}: none.
+std::pair<int64_t, int64_t> held_experts(const LayerWeights& lw) {
+  auto held = [](const ExpertWeights& e) { return !(e.w1.empty() && e.w2.empty() && e.w3.empty()); };
+  int64_t first = 0, end = int64_t(lw.experts.size());
+  while (first < end && !held(lw.experts[size_t(first)])) ++first;
+  while (end > first && !held(lw.experts[size_t(end - 1)])) --end;
+  return {first, end};
+}
+
 bool packed_experts_ok(const Config& c, const LayerWeights& lw) {
-  if (lw.experts.empty()) return false;
-  for (const ExpertWeights& e : lw.experts)
-    for (const LinearWeight* w : {&e.w1, &e.w2, &e.w3})
+  const auto [first, end] = held_experts(lw);
+  if (first == end) return false;
+  for (int64_t i = first; i < end; ++i)
+    for (const LinearWeight* w : {&lw.experts[size_t(i)].w1, &lw.experts[size_t(i)].w2, &lw.experts[size_t(i)].w3})
       if (w->format != WeightFormat::NVFP4 && w->format != WeightFormat::MXFP4) return false;
   return c.hidden_size % 64 == 0 && c.moe_inter % 64 == 0 && lw.experts.size() <= 1024;
 }
@@ -147,12 +159,13 @@ void upload_globals(const Model& m, DevModel& dm) {
   d->rope_compress = RopeView{d->rope_compress_freqs.p(), m.rope_compress.rope_dim, m.rope_compress.attention_factor};
 }
 
-void upload_layer(const Config& c, const LayerWeights& lw, DevModel& d, int64_t L) {
+void upload_layer(const Config& c, const LayerWeights& lw, DevModel& d, int64_t L, const ExpertRange& experts) {
   if (d.layers.size() < size_t(c.num_layers)) d.layers.resize(size_t(c.num_layers));
-  upload_layer_into(c, lw, d.layers[size_t(L)], d.bytes);
+  upload_layer_into(c, lw, d.layers[size_t(L)], d.bytes, experts);
 }
 
-void upload_layer_into(const Config& c, const LayerWeights& lw, DevLayer& dl, DevBytes& g) {
+void upload_layer_into(const Config& c, const LayerWeights& lw, DevLayer& dl, DevBytes& g,
+                       const ExpertRange& experts) {
   dl.hc_attn_fn = view_f32(lw.hc_attn.fn, g.small);
   dl.hc_attn_base = view_f32(lw.hc_attn.base, g.small);
   dl.hc_attn_scale = view_f32(lw.hc_attn.scale, g.small);
@@ -195,17 +208,27 @@ void upload_layer_into(const Config& c, const LayerWeights& lw, DevLayer& dl, De
     g.router += dl.tid2eid.size();
   }
   // No routed expert held at all: the caller supplies them (the synthetic bench makes them on the device).
-  const bool none = std::all_of(lw.experts.begin(), lw.experts.end(), [](const ExpertWeights& ew) {
-    return ew.w1.empty() && ew.w2.empty() && ew.w3.empty();
-  });
-  if (none) {
+  auto [e0, e1] = held_experts(lw);
+  if (experts.count >= 0 && e0 != e1) {  // one rank's share of what the model holds
+    CM_CU_CHECK(experts.first >= e0 && experts.first + experts.count <= e1,
+                "cuda: routed experts [%lld, %lld) asked for, but the model holds [%lld, %lld)",
+                (long long)experts.first, (long long)(experts.first + experts.count), (long long)e0, (long long)e1);
+    e0 = experts.first, e1 = experts.first + experts.count;
+  }
+  if (e0 == e1) {
   } else if (packed_experts_ok(c, lw)) {
     std::vector<const LinearWeight*> g1, g3, g2;
-    for (const ExpertWeights& ew : lw.experts) g1.push_back(&ew.w1), g3.push_back(&ew.w3), g2.push_back(&ew.w2);
-    dl.experts = std::make_unique<DeviceExperts>(upload_experts(g1, g3, g2, 0, no_limit_is_inf(c.swiglu_limit)));
+    for (int64_t i = e0; i < e1; ++i) {
+      const ExpertWeights& ew = lw.experts[size_t(i)];
+      g1.push_back(&ew.w1), g3.push_back(&ew.w3), g2.push_back(&ew.w2);
+    }
+    dl.experts =
+        std::make_unique<DeviceExperts>(upload_experts(g1, g3, g2, int(e0), no_limit_is_inf(c.swiglu_limit)));
     g.experts += dl.experts->expert_bytes() * size_t(dl.experts->count) + dl.experts->scale2.size();
   } else {
-    for (const ExpertWeights& ew : lw.experts) {
+    dl.dense_first = e0;
+    for (int64_t i = e0; i < e1; ++i) {
+      const ExpertWeights& ew = lw.experts[size_t(i)];
       DevExpert de{upload_linear(ew.w1), upload_linear(ew.w2), upload_linear(ew.w3)};
       g.experts += de.w1.bytes() + de.w2.bytes() + de.w3.bytes();
       dl.dense_experts.push_back(std::move(de));
@@ -230,7 +253,8 @@ void finish_report(DevModel& d) {
   if (d.mtp) d.report += strf(" (the MTP block %s of it)", mib(g.mtp).c_str());
 }
 
-std::unique_ptr<DevModel> upload_model(const Model& m, size_t workspace_bytes, double utilization) {
+std::unique_ptr<DevModel> upload_model(const Model& m, size_t workspace_bytes, double utilization,
+                                       const ExpertRange& experts) {
   const Config& c = m.config;
   const size_t weights = model_device_bytes(m);
   check_memory(memory_budget(utilization), weights + workspace_bytes,
@@ -238,7 +262,7 @@ std::unique_ptr<DevModel> upload_model(const Model& m, size_t workspace_bytes, d
   auto d = std::make_unique<DevModel>();
   upload_globals(m, *d);
   d->layers.resize(size_t(c.num_layers));
-  for (int64_t L = 0; L < c.num_layers; ++L) upload_layer(c, m.weights.layers[size_t(L)], *d, L);
+  for (int64_t L = 0; L < c.num_layers; ++L) upload_layer(c, m.weights.layers[size_t(L)], *d, L, experts);
   if (!m.weights.mtp.empty()) d->mtp = upload_mtp(c, m.weights.mtp[0], d->bytes);  // the one the backends run
   finish_report(*d);
   return d;

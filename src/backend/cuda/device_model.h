@@ -44,7 +44,8 @@ struct DevLayer {
   DevF32 gate_bias;
   DeviceBuffer tid2eid;  // int32 [vocab, k], hash layers
   std::unique_ptr<DeviceExperts> experts;  // packed FP4 block (moe_nvfp4), or
-  std::vector<DevExpert> dense_experts;    // one DevLinear triple per expert (any format)
+  std::vector<DevExpert> dense_experts;    // one DevLinear triple per held expert (any format): experts
+  int64_t dense_first = 0;                 //   dense_first + i (one rank's share under expert parallelism)
   DevExpert shared;
   bool has_shared = false;
 };
@@ -101,8 +102,10 @@ std::string gib(size_t bytes);  // "1.234 GiB"
 
 // Uploads every weight. Before allocating anything, refuses (check_memory) a model whose
 // weights plus `workspace_bytes` (the backend's working buffers) exceed the budget for
-// `utilization`; an error while uploading frees what was uploaded.
-std::unique_ptr<DevModel> upload_model(const Model& m, size_t workspace_bytes, double utilization);
+// `utilization`; an error while uploading frees what was uploaded. experts: the routed experts
+// to upload (one expert-parallel rank's share, which the model must hold); count < 0: all it holds.
+std::unique_ptr<DevModel> upload_model(const Model& m, size_t workspace_bytes, double utilization,
+                                       const ExpertRange& experts = {});
 
 // upload_model's parts, for a caller that makes the model a layer at a time and
 // frees each host layer after its upload (the synthetic bench, bench_model.h):
@@ -110,8 +113,9 @@ std::unique_ptr<DevModel> upload_model(const Model& m, size_t workspace_bytes, d
 // the config's layers on first use; a layer holding no routed expert at all
 // leaves d.layers[L].experts to the caller); then total_bytes and report.
 void upload_globals(const Model& m, DevModel& d);
-void upload_layer(const Config& c, const LayerWeights& lw, DevModel& d, int64_t L);
-void upload_layer_into(const Config& c, const LayerWeights& lw, DevLayer& dl, DevBytes& g);
+void upload_layer(const Config& c, const LayerWeights& lw, DevModel& d, int64_t L, const ExpertRange& experts = {});
+void upload_layer_into(const Config& c, const LayerWeights& lw, DevLayer& dl, DevBytes& g,
+                       const ExpertRange& experts = {});
 // An MTP block (its routed experts as upload_layer leaves them: none held, none uploaded).
 std::unique_ptr<DevMtp> upload_mtp(const Config& c, const MtpWeights& mw, DevBytes& g);
 void finish_report(DevModel& d);

@@ -62,9 +62,19 @@ inline constexpr int kMoePrefillMinTokens = 512;
 // experts, else the mma.sync ones; prefill_mma: the mma.sync prefill kernels.
 enum class MoePath { automatic, decode, prefill, prefill_mma };
 
+// Expert parallelism: every rank runs the same T tokens with its own experts [first, first+count);
+// each rank's yk rows of the other ranks' experts are set to +0, all_reduce_sum(ctx, yk, n) enqueues
+// the ranks' sum of yk on ctx's stream (one owner per row: the sum is that owner's row exactly), and
+// the combine then adds every k in k order, the very sums one rank holding every expert does.
+struct MoeExchange {
+  void* ctx;
+  void (*all_reduce_sum)(void* ctx, float* yk, int64_t n);
+};
+
 // x: bf16 [T, hidden]; ids: int32 [T, topk] global expert ids; weights: f32 [T, topk];
-// y: f32 [T, hidden] (overwritten). All device pointers.
+// y: f32 [T, hidden] (overwritten). All device pointers. exchange: null on one rank.
 void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16_t* x, int T, const int32_t* ids,
-               const float* weights, float* y, MoePath path = MoePath::automatic);
+               const float* weights, float* y, MoePath path = MoePath::automatic,
+               const MoeExchange* exchange = nullptr);
 
 }  // namespace cm::cuda

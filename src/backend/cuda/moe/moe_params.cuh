@@ -36,6 +36,7 @@ struct MoeParams {
   float* yk;         // [T*topk, hidden]: one row per (token, k)
   float* y;          // [T, hidden]
   int* tiles;        // prefill: [0] = tile count, then (expert, first row in its list) pairs; null: not listed
+  int all_k;         // combine every k (expert parallelism: yk holds every rank's rows after the exchange)
 };
 
 // h of one (token, k) element from the reduced gate and up sums. Not inlined:

@@ -369,8 +369,9 @@ __global__ void __launch_bounds__(kPfThreads, 1) moe_prefill_kernel(const MoePar
   }
 }
 
-// y[t, d] = Σ_k yk[t·topk + k, d] over the k routed to a local expert, in k
-// order (a fixed order: the top-k sum is deterministic).
+// y[t, d] = Σ_k yk[t·topk + k, d] over the k routed to a local expert (every k
+// after an expert-parallel exchange), in k order (a fixed order: the top-k sum
+// is deterministic, and the same with the experts on one rank or on many).
 __global__ void moe_combine_kernel(const MoeParams p) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
@@ -380,7 +381,7 @@ __global__ void moe_combine_kernel(const MoeParams p) {
   float s = 0.f;
   for (int k = 0; k < p.topk; ++k) {
     const int le = p.ids[t * p.topk + k] - p.first;
-    if (le >= 0 && le < p.count) s += p.yk[(t * p.topk + k) * p.hidden + d];
+    if (p.all_k || (le >= 0 && le < p.count)) s += p.yk[(t * p.topk + k) * p.hidden + d];
   }
   p.y[i] = s;
 }
@@ -470,7 +471,7 @@ void setup_moe_kernels() {
 }
 
 void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16_t* x, int T, const int32_t* ids,
-               const float* weights, float* y, MoePath path) {
+               const float* weights, float* y, MoePath path, const MoeExchange* exchange) {
   CM_CU_CHECK(T >= 0 && T <= s.max_tokens, "moe: %d tokens exceed the scratch capacity %d", T, s.max_tokens);
   if (T == 0) return;
   MoeParams p{};
@@ -505,8 +506,12 @@ void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16
   const bool prefill = path == MoePath::prefill || path == MoePath::prefill_mma ||
                        (path == MoePath::automatic && T >= kMoePrefillMinTokens);
   if (prefill) p.tiles = s.tiles.as<int>();
-  launch_kernel(ctx, moe_route_kernel, dim3(1), dim3(1024), 0, "moe_route_kernel", p);
   const int64_t slots = int64_t(T) * s.topk;
+  if (exchange) {  // the rows of other ranks' experts stay +0 here: the all-reduce then adds exact zeros
+    p.all_k = 1;
+    CM_CUDA(cudaMemsetAsync(p.yk, 0, size_t(slots) * size_t(e.hidden) * 4, ctx.stream()));
+  }
+  launch_kernel(ctx, moe_route_kernel, dim3(1), dim3(1024), 0, "moe_route_kernel", p);
   if (prefill) {
     // The scratch's bound on this step's tiles: slots/64 + min(count, slots).
     const unsigned tiles = unsigned(slots / kPfTile + std::min<int64_t>(slots, e.count));
@@ -531,6 +536,7 @@ void moe_nvfp4(Context& ctx, const DeviceExperts& e, MoeScratch& s, const uint16
       launch_kernel(ctx, moe_down_kernel<2>, g2, dim3(128), 0, "moe_down_kernel", p);
     }
   }
+  if (exchange) exchange->all_reduce_sum(exchange->ctx, p.yk, slots * e.hidden);
   const int64_t outs = int64_t(T) * e.hidden;
   launch_kernel(ctx, moe_combine_kernel, dim3(unsigned((outs + 255) / 256)), dim3(256), 0, "moe_combine_kernel", p);
 }

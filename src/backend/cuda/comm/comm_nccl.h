@@ -20,10 +20,6 @@ struct NcclOptions {
   double timeout_s = 300;  // per collective (and for init): past it the rank gives up with an error
 };
 
-// The start of the error a communicator gives when NCCL's init left it with
-// no ranks (a library that cannot run on this GPU; tests skip on it).
-inline constexpr const char* kNcclNoRanks = "NCCL set up no ranks on this GPU";
-
 // The 128-byte ncclUniqueId rank 0 makes and hands to every rank (by the launcher).
 std::string nccl_unique_id();
 
