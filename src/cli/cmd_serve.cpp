@@ -46,6 +46,7 @@ struct Opts {
   int64_t ctx = 0;
   bool prefix_caching = true;
   int gpus = 0;  // --gpus N: expert parallelism over N GPUs (0: one GPU, no NCCL)
+  cm::cli::LaunchOptions launch;  // --rank, --world-size, ... (torchrun's variables)
 };
 
 // Request defaults from generation_config.json: only the sampling fields the file states
@@ -89,7 +90,7 @@ int run(Opts& o) {
   o.http.commit = v.commit;
 
   // Several GPUs: this process's rank (the others follow rank 0's calls and never serve HTTP).
-  std::unique_ptr<cm::cli::ServeRanks> ranks = cm::cli::start_ranks(o.eng, o.gpus);
+  std::unique_ptr<cm::cli::ServeRanks> ranks = cm::cli::start_ranks(o.eng, o.gpus, o.launch);
   if (ranks && ranks->env.rank != 0) return cm::cli::follow(*ranks, o.eng);
 
   auto model = cm::cli::load_model(o.eng);
@@ -181,6 +182,7 @@ cm::cli::CommandRegistrar reg(
        app.add_option("--gpus", o->gpus,
                       "Expert parallelism over N GPUs, one process each: this one is rank 0 and starts the others "
                       "(under torchrun/mpirun/srun their RANK and WORLD_SIZE are used instead)");
+       cm::cli::add_launch_options(app, o->launch);
        app.add_option("--max-seqs", o->max_seqs,
                       "Sequences decoded together (slots; default: on the GPU as many as fit the memory left after "
                       "the weights, at most 256; on the CPU 8)");

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -25,22 +24,6 @@ extern char** environ;
 namespace cm::cli {
 
 namespace {
-
-// An integer variable of the environment, or -1 when unset; malformed is an error naming it.
-int env_int(const char* name) {
-  const char* v = std::getenv(name);  // the launcher's variables are this file's input
-  if (!v || !*v) return -1;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 0 || x > 1 << 20) fail("{}=\"{}\": not a rank or count", name, v);
-  return int(x);
-}
-
-int first_of(std::initializer_list<const char*> names) {
-  for (const char* n : names)
-    if (int v = env_int(n); v >= 0) return v;
-  return -1;
-}
 
 // This binary's arguments, as the kernel recorded them.
 std::vector<std::string> own_argv() {
@@ -86,11 +69,27 @@ std::string from_hex(const std::string& hex, const char* what) {
   return out;
 }
 
-RankEnv rank_env(int gpus) {
+void add_launch_options(CLI::App& app, LaunchOptions& o) {
+  const char* g = "Multi-GPU launch (set by torchrun-style launchers)";
+  app.add_option("--rank", o.rank, "This process's rank")->envname("RANK")->group(g)->check(CLI::NonNegativeNumber);
+  app.add_option("--world-size", o.world_size, "Ranks in all")->envname("WORLD_SIZE")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--local-rank", o.local_rank, "This process's GPU on its host")
+      ->envname("LOCAL_RANK")
+      ->group(g)
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--master-addr", o.master_addr, "Rank 0's host")->envname("MASTER_ADDR")->group(g);
+  app.add_option("--master-port", o.master_port, "Rank 0's port (the NCCL id is handed out on the next one)")
+      ->envname("MASTER_PORT")
+      ->group(g)
+      ->check(CLI::Range(1, 65534));
+  app.add_option("--nccl-id", o.nccl_id, "The NCCL id in hex (rank 0 sets it for the ranks it starts)")
+      ->envname("CLAWMINE_NCCL_ID")
+      ->group(g);
+}
+
+RankEnv rank_env(int gpus, const LaunchOptions& l) {
   RankEnv e;
-  const int rank = first_of({"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"});
-  const int world = first_of({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"});
-  const int local = first_of({"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"});
+  const int rank = l.rank, world = l.world_size, local = l.local_rank;
   if (gpus < 0 || gpus > 1024) fail("--gpus {} (1 to 1,024, or leave it out for one GPU without NCCL)", gpus);
   if (world < 0 && rank < 0) {  // no launcher: --gpus N, this process rank 0
     if (gpus == 0) return e;
@@ -99,16 +98,16 @@ RankEnv rank_env(int gpus) {
     e.world = gpus;
     return e;
   }
-  if (world < 1 || rank < 0) fail("a launcher's rank variables are incomplete (rank {}, world size {})", rank, world);
+  if (world < 1 || rank < 0) fail("incomplete launch: --rank (RANK) {} and --world-size (WORLD_SIZE) {}", rank, world);
   if (rank >= world) fail("rank {} outside a world of {}", rank, world);
   if (gpus > 0 && gpus != world) fail("--gpus {} but the launcher's world size is {}", gpus, world);
   e.distributed = true;
   e.rank = rank;
   e.world = world;
   e.local_rank = local >= 0 ? local : rank;
-  if (const char* id = std::getenv("CLAWMINE_NCCL_ID")) e.nccl_id_hex = id;
-  if (const char* a = std::getenv("MASTER_ADDR")) e.master_addr = a;
-  e.master_port = env_int("MASTER_PORT");
+  e.nccl_id_hex = l.nccl_id;
+  e.master_addr = l.master_addr;
+  e.master_port = l.master_port;
   if (e.world > 1 && e.nccl_id_hex.empty() && (e.master_addr.empty() || e.master_port <= 0))
     fail("rank {} of {}: set MASTER_ADDR and MASTER_PORT (rank 0 hands the NCCL id out on MASTER_PORT+1)", rank,
          world);
@@ -117,7 +116,7 @@ RankEnv rank_env(int gpus) {
 
 std::string share_nccl_id(const RankEnv& e, const std::string& made_id, double timeout_s) {
   if (e.world == 1 || e.spawned_here) return made_id;
-  if (!e.nccl_id_hex.empty()) return from_hex(e.nccl_id_hex, "CLAWMINE_NCCL_ID");
+  if (!e.nccl_id_hex.empty()) return from_hex(e.nccl_id_hex, "--nccl-id");
   const int port = e.master_port + 1;
   if (e.rank == 0) {  // serve the id to the world-1 others
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -21,8 +21,8 @@ ServeRanks::~ServeRanks() {
   }
 }
 
-std::unique_ptr<ServeRanks> start_ranks(EngineOptions& o, int gpus) {
-  RankEnv e = rank_env(gpus);
+std::unique_ptr<ServeRanks> start_ranks(EngineOptions& o, int gpus, const LaunchOptions& l) {
+  RankEnv e = rank_env(gpus, l);
   if (!e.distributed) return nullptr;
 #ifndef CLAWMINE_HAVE_NCCL
   fail("--gpus / a launcher's RANK and WORLD_SIZE: this clawmine was built without NCCL (configure with "

@@ -23,7 +23,7 @@ struct ServeRanks {
 
 // Null when serve runs on one GPU without NCCL (no --gpus, no launcher variables). Fails naming the
 // reason when this build has no NCCL, the device is not CUDA, or the weights are dummy ones.
-std::unique_ptr<ServeRanks> start_ranks(EngineOptions& o, int gpus);
+std::unique_ptr<ServeRanks> start_ranks(EngineOptions& o, int gpus, const LaunchOptions& l);
 
 // A rank other than 0: repeats rank 0's calls on its backend until rank 0 ends. Returns the exit code.
 int follow(ServeRanks& r, EngineOptions& o);

@@ -115,19 +115,9 @@ class DeviceComm final : public Comm {
     barrier_kernel<<<1, 32, 0, st>>>(s_->board, r, R, buf, timeout_ns_);
     CM_CUDA_LAUNCH("DeviceComm barrier_kernel");
     if (t == CommType::F32)
-      reduce_chunk_kernel<float><<<blocks, 256, 0, st>>>(s_->board, r, R, n);
+      reduce_then_gather<float>(st, r, R, n, blocks);
     else
-      reduce_chunk_kernel<int32_t><<<blocks, 256, 0, st>>>(s_->board, r, R, n);
-    CM_CUDA_LAUNCH("DeviceComm reduce_chunk_kernel");
-    barrier_kernel<<<1, 32, 0, st>>>(s_->board, r, R, nullptr, timeout_ns_);
-    CM_CUDA_LAUNCH("DeviceComm barrier_kernel");
-    if (t == CommType::F32)
-      gather_chunks_kernel<float><<<blocks, 256, 0, st>>>(s_->board, r, R, n);
-    else
-      gather_chunks_kernel<int32_t><<<blocks, 256, 0, st>>>(s_->board, r, R, n);
-    CM_CUDA_LAUNCH("DeviceComm gather_chunks_kernel");
-    barrier_kernel<<<1, 32, 0, st>>>(s_->board, r, R, nullptr, timeout_ns_);
-    CM_CUDA_LAUNCH("DeviceComm barrier_kernel");
+      reduce_then_gather<int32_t>(st, r, R, n, blocks);
   }
 
   // Host-synchronous collectives: device (or host) buffers staged through host memory.
@@ -166,6 +156,18 @@ class DeviceComm final : public Comm {
   }
 
  private:
+  // reduce, barrier, gather, barrier (the first barrier, which publishes buf, is the caller's).
+  template <typename T>
+  void reduce_then_gather(cudaStream_t st, int r, int R, int64_t n, unsigned blocks) {
+    reduce_chunk_kernel<T><<<blocks, 256, 0, st>>>(s_->board, r, R, n);
+    CM_CUDA_LAUNCH("DeviceComm reduce_chunk_kernel");
+    barrier_kernel<<<1, 32, 0, st>>>(s_->board, r, R, nullptr, timeout_ns_);
+    CM_CUDA_LAUNCH("DeviceComm barrier_kernel");
+    gather_chunks_kernel<T><<<blocks, 256, 0, st>>>(s_->board, r, R, n);
+    CM_CUDA_LAUNCH("DeviceComm gather_chunks_kernel");
+    barrier_kernel<<<1, 32, 0, st>>>(s_->board, r, R, nullptr, timeout_ns_);
+    CM_CUDA_LAUNCH("DeviceComm barrier_kernel");
+  }
   // Every element type is 4 bytes (comm_type_bytes). Host buffers (the LeaderBackend's messages) are
   // copied by the CPU; device ones on this communicator's own non-blocking stream. Neither touches
   // the legacy default stream, which would wait for every rank's stream, including one spinning in a
@@ -177,7 +179,7 @@ class DeviceComm final : public Comm {
   void stage_out(void* dst, const std::vector<uint32_t>& h, int64_t n) { copy(dst, h.data(), n); }
   void copy(void* dst, const void* src, int64_t n) {
     if (n <= 0) return;
-    if (!on_device(dst) && !on_device(src)) {
+    if (!cuda::is_device_pointer(dst) && !cuda::is_device_pointer(src)) {
       std::memcpy(dst, src, size_t(n) * 4);
       return;
     }
@@ -185,15 +187,6 @@ class DeviceComm final : public Comm {
     CM_CUDA(cudaMemcpyAsync(dst, src, size_t(n) * 4, cudaMemcpyDefault, stream_));
     CM_CUDA(cudaStreamSynchronize(stream_));
   }
-  static bool on_device(const void* p) {
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-  }
-
   std::shared_ptr<Shared> s_;
   std::unique_ptr<Comm> host_;
   unsigned long long timeout_ns_;

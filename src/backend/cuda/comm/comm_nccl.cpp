@@ -13,6 +13,7 @@
 #include <cstring>
 #include <thread>
 
+#include "backend/cuda/core/cuda_util.h"
 #include "common/error.h"
 
 namespace cm {
@@ -140,18 +141,10 @@ class NcclComm final : public Comm {
   }
 
  private:
-  static bool on_device(const void* p) {
-    cudaPointerAttributes a{};
-    if (p == nullptr || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-  }
   // Runs body(send', recv') on device buffers (the callers' own, or staged copies of host ones), then waits.
   template <typename F>
   void staged(const void* send, int64_t ns, void* recv, int64_t nr, const char* what, F&& body) {
-    const bool host = (ns > 0 && !on_device(send)) || (nr > 0 && !on_device(recv));
+    const bool host = (ns > 0 && !cuda::is_device_pointer(send)) || (nr > 0 && !cuda::is_device_pointer(recv));
     if (!host) {
       body(send, recv);
       wait(what);

@@ -20,6 +20,15 @@ void check_cublas(int s, const char* what) {
   if (s != int(CUBLAS_STATUS_SUCCESS)) throw_error(strf("cuBLAS error in %s: status %d", what, int(s)));
 }
 
+bool is_device_pointer(const void* p) {
+  cudaPointerAttributes a{};
+  if (p == nullptr || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

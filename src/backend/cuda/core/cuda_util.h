@@ -38,6 +38,8 @@ void check_cublas(int status, const char* what);
 
 // Number of CUDA devices; 0 when there is no driver or no device (never throws).
 int device_count();
+// True for device (or managed) memory; false for host memory, including pageable memory CUDA never saw.
+bool is_device_pointer(const void* p);
 
 // Owning device allocation (cudaMalloc). Move-only.
 class DeviceBuffer {
