@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -34,6 +35,14 @@ using namespace cm;
 namespace {
 
 const std::string kData = CLAWMINE_TEST_DATA;
+
+// In-process ranks need every module loaded when the context is made (make_device_comms refuses
+// lazy loading, which can deadlock ranks spinning for each other); set before main, so before the
+// binary's first CUDA call, unless the environment already says otherwise.
+const bool kEagerModules = [] {
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  return true;
+}();
 
 // R ranks over one whole model: rank 0's backend behind a LeaderBackend (lead), the others in
 // run_follower on their own threads. Every rank's CudaBackend uploads only its experts.
