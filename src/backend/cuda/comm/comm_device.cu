@@ -201,26 +201,23 @@ std::vector<std::unique_ptr<Comm>> make_device_comms(int ranks, double timeout_s
   CM_CU_CHECK(ranks >= 1 && ranks <= 64, "make_device_comms: %d ranks (1 to 64)", ranks);
   // Under lazy module loading (the CUDA default) a kernel's first launch may wait for the whole
   // context, which never drains while another rank's barrier spins for this one: any kernel of the
-  // step, not only ours, so the ranks of one process need every module loaded up front.
-  CM_CUDA(cudaFree(nullptr));  // the context, so that the loading mode is the one in force
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  CM_CUDA(cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &q));
-  CM_CU_CHECK(q == cudaDriverEntryPointSuccess && fn, "make_device_comms: the driver has no cuModuleGetLoadingMode");
-  CUmoduleLoadingMode mode{};
-  CM_CU_CHECK(reinterpret_cast<CUresult (*)(CUmoduleLoadingMode*)>(fn)(&mode) == CUDA_SUCCESS,
-              "make_device_comms: cuModuleGetLoadingMode failed");
-  CM_CU_CHECK(mode == CU_MODULE_EAGER_LOADING,
-              "make_device_comms: %d in-process ranks on one GPU need CUDA_MODULE_LOADING=EAGER in the environment "
-              "before the process first uses CUDA (under lazy loading a rank's first launch of a kernel can wait for "
-              "another rank's collective, which waits for it)",
-              ranks);
-  cudaFuncAttributes fa{};
-  CM_CUDA(cudaFuncGetAttributes(&fa, barrier_kernel));
-  CM_CUDA(cudaFuncGetAttributes(&fa, reduce_chunk_kernel<float>));
-  CM_CUDA(cudaFuncGetAttributes(&fa, reduce_chunk_kernel<int32_t>));
-  CM_CUDA(cudaFuncGetAttributes(&fa, gather_chunks_kernel<float>));
-  CM_CUDA(cudaFuncGetAttributes(&fa, gather_chunks_kernel<int32_t>));
+  // step, not only ours, so two or more ranks in one process need every module loaded up front
+  // (eager loading loads this file's kernels too).
+  if (ranks > 1) {
+    CM_CUDA(cudaFree(nullptr));  // the context, so that the loading mode is the one in force
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    CM_CUDA(cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &q));
+    CM_CU_CHECK(q == cudaDriverEntryPointSuccess && fn, "make_device_comms: the driver has no cuModuleGetLoadingMode");
+    CUmoduleLoadingMode mode{};
+    CM_CU_CHECK(reinterpret_cast<CUresult (*)(CUmoduleLoadingMode*)>(fn)(&mode) == CUDA_SUCCESS,
+                "make_device_comms: cuModuleGetLoadingMode failed");
+    CM_CU_CHECK(mode == CU_MODULE_EAGER_LOADING,
+                "make_device_comms: %d in-process ranks on one GPU need CUDA_MODULE_LOADING=EAGER in the environment "
+                "before the process first uses CUDA (under lazy loading a rank's first launch of a kernel can wait for "
+                "another rank's collective, which waits for it)",
+                ranks);
+  }
   auto shared = std::make_shared<Shared>(ranks);
   std::vector<std::unique_ptr<Comm>> host = make_thread_comms(ranks, timeout_s);
   std::vector<std::unique_ptr<Comm>> out;
